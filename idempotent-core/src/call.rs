@@ -1,0 +1,210 @@
+//! `Call`: one guarded call's key and policies, built with chained setters.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::codec;
+use crate::error::Error;
+use crate::store::Mode;
+
+/// The longest key (scope included) a call accepts, in bytes.
+pub const MAX_KEY_BYTES: usize = 1024;
+
+/// The shortest lease a call accepts: below it, renewals could not keep up.
+pub const MIN_LEASE: Duration = Duration::from_millis(10);
+
+/// What a call does when it finds its key completed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnDuplicate {
+    /// Return the stored result without running the body (idempotency). The default.
+    #[default]
+    Replay,
+    /// Fail with [`Error::Duplicate`] (anti-duplicate).
+    Reject,
+}
+
+/// What a call does when another call holds its key in progress.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnConflict {
+    /// Fail at once with [`Error::Conflict`]. The default.
+    #[default]
+    Reject,
+    /// Wait up to this long for the holder to finish, then act on what it left: replay its
+    /// result, or run the body if it failed. [`Error::Timeout`] if it is still running.
+    Wait(Duration),
+}
+
+/// One guarded call: its key and the policies it runs under.
+///
+/// The full key is `scope:key` when a scope is set; in token mode without a scope it is
+/// `token:<token>`, where [`issue_token`](crate::Idempotency::issue_token) puts tokens.
+///
+/// ```
+/// use std::time::Duration;
+/// use idempotent_core::{Call, OnConflict};
+///
+/// let call = Call::new("42")
+///     .scope("orders::create")
+///     .ttl(Duration::from_secs(10))
+///     .keep(Duration::from_secs(3600))
+///     .on_conflict(OnConflict::Wait(Duration::from_secs(5)));
+/// assert_eq!(call.full_key(), "orders::create:42");
+/// ```
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct Call {
+    key: String,
+    scope: Option<String>,
+    pub(crate) mode: Mode,
+    pub(crate) ttl: Option<Duration>,
+    pub(crate) keep: Option<Duration>,
+    pub(crate) on_duplicate: OnDuplicate,
+    pub(crate) on_conflict: OnConflict,
+    fingerprint: Option<Result<String, String>>,
+    pub(crate) abort_on_lease_lost: bool,
+    pub(crate) renew: bool,
+}
+
+impl Call {
+    /// A call in parameter mode on `key`.
+    pub fn new(key: impl Into<String>) -> Self {
+        Call {
+            key: key.into(),
+            scope: None,
+            mode: Mode::Param,
+            ttl: None,
+            keep: None,
+            on_duplicate: OnDuplicate::Replay,
+            on_conflict: OnConflict::Reject,
+            fingerprint: None,
+            abort_on_lease_lost: false,
+            renew: true,
+        }
+    }
+
+    /// A call in token mode on `token`, as issued by
+    /// [`issue_token`](crate::Idempotency::issue_token).
+    pub fn token(token: impl Into<String>) -> Self {
+        Call::new(token).mode(Mode::Token)
+    }
+
+    /// Puts the key in a scope: the full key becomes `scope:key`. Two functions whose keys
+    /// could coincide keep apart by scope; the attribute scopes by function by default.
+    pub fn scope(mut self, scope: impl Into<String>) -> Self {
+        self.scope = Some(scope.into());
+        self
+    }
+
+    /// Parameter or token mode.
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// The lease: how long the key stays held if its holder stops renewing it (a crash). While
+    /// the body runs, the watchdog renews it every `ttl / 3`. Default: the runtime's (30 s).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+
+    /// How long a completed result is kept (and replayed); zero keeps nothing, for a mutex.
+    /// Default: the runtime's (24 h).
+    pub fn keep(mut self, keep: Duration) -> Self {
+        self.keep = Some(keep);
+        self
+    }
+
+    /// What to do on a completed key.
+    pub fn on_duplicate(mut self, policy: OnDuplicate) -> Self {
+        self.on_duplicate = policy;
+        self
+    }
+
+    /// What to do on a key in progress elsewhere.
+    pub fn on_conflict(mut self, policy: OnConflict) -> Self {
+        self.on_conflict = policy;
+        self
+    }
+
+    /// The payload whose fingerprint is stored with the key: a later call with the same key
+    /// and a different payload fails with [`Error::KeyReused`]. Hashed from its JSON form, map
+    /// keys sorted.
+    pub fn fingerprint<T: Serialize + ?Sized>(mut self, payload: &T) -> Self {
+        self.fingerprint = Some(codec::fingerprint(payload));
+        self
+    }
+
+    /// Drop the body and fail with [`Error::LeaseLost`] as soon as the lease is known lost;
+    /// by default the body runs on (a warning is logged) and its result is committed only if
+    /// no other owner took the key.
+    pub fn abort_on_lease_lost(mut self, abort: bool) -> Self {
+        self.abort_on_lease_lost = abort;
+        self
+    }
+
+    /// Whether the watchdog renews the lease while the body runs (default: yes). Without it
+    /// the lease bounds the body: a body that outlives it may run twice.
+    pub fn renew(mut self, renew: bool) -> Self {
+        self.renew = renew;
+        self
+    }
+
+    /// The full key: `scope:key`, or `token:key` in token mode without a scope.
+    pub fn full_key(&self) -> String {
+        match (&self.scope, self.mode) {
+            (Some(scope), _) => format!("{scope}:{}", self.key),
+            (None, Mode::Token) => format!("token:{}", self.key),
+            (None, Mode::Param) => self.key.clone(),
+        }
+    }
+
+    /// Checks the key's size and computes the fingerprint.
+    pub(crate) fn validate(&self, full_key: &str, lease: Duration) -> Result<Option<String>, Error> {
+        if self.key.is_empty() {
+            let reason = if self.mode == Mode::Token { "the token is empty" } else { "the key is empty" };
+            return Err(Error::InvalidKey { key: full_key.to_owned(), reason: reason.into() });
+        }
+        if full_key.len() > MAX_KEY_BYTES {
+            return Err(Error::InvalidKey {
+                key: full_key.to_owned(),
+                reason: format!("{} bytes, over the {MAX_KEY_BYTES}-byte limit", full_key.len()),
+            });
+        }
+        if lease < MIN_LEASE {
+            return Err(Error::InvalidCall {
+                key: full_key.to_owned(),
+                reason: format!("the lease (ttl) is {lease:?}, under the {MIN_LEASE:?} minimum"),
+            });
+        }
+        match &self.fingerprint {
+            None => Ok(None),
+            Some(Ok(fp)) => Ok(Some(fp.clone())),
+            Some(Err(message)) => Err(Error::Codec { key: full_key.to_owned(), message: message.clone() }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_keys() {
+        assert_eq!(Call::new("a").full_key(), "a");
+        assert_eq!(Call::new("a").scope("s").full_key(), "s:a");
+        assert_eq!(Call::token("t").full_key(), "token:t");
+        assert_eq!(Call::token("t").scope("s").full_key(), "s:t");
+    }
+
+    #[test]
+    fn bad_input_is_named() {
+        let lease = Duration::from_secs(1);
+        let e = Call::new("").scope("s").validate("s:", lease).unwrap_err();
+        assert!(matches!(e, Error::InvalidKey { .. }), "{e}");
+        let long = "x".repeat(MAX_KEY_BYTES + 1);
+        assert!(matches!(Call::new(&long).validate(&long, lease), Err(Error::InvalidKey { .. })));
+        assert!(matches!(Call::new("k").validate("k", Duration::ZERO), Err(Error::InvalidCall { .. })));
+    }
+}

@@ -1,0 +1,76 @@
+//! The current call's context, readable from inside the body: its key, its fencing token, and
+//! whether its lease is known lost.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+tokio::task_local! {
+    static CURRENT: CallContext;
+}
+
+/// What the body of a guarded call can know about the call it runs in.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use idempotent_core::{Call, CallContext, Error, Idempotency, MemoryStore};
+///
+/// let idem = Idempotency::new(MemoryStore::new());
+/// let fence: Result<u64, Error> = idem
+///     .run(Call::new("transfer:9"), || async {
+///         let ctx = CallContext::current().expect("inside a guarded call");
+///         // Pass ctx.fence() to the database; it rejects writes with a smaller one.
+///         Ok(ctx.fence())
+///     })
+///     .await;
+/// assert!(fence.unwrap() > 0);
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct CallContext {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    key: String,
+    fence: u64,
+    lost: AtomicBool,
+}
+
+impl CallContext {
+    pub(crate) fn new(key: String, fence: u64) -> Self {
+        CallContext { inner: Arc::new(Inner { key, fence, lost: AtomicBool::new(false) }) }
+    }
+
+    /// The context of the guarded call whose body is running on this task, if any. (A task the
+    /// body spawns does not inherit it: pass it along.)
+    pub fn current() -> Option<CallContext> {
+        CURRENT.try_with(Clone::clone).ok()
+    }
+
+    /// The full key of the call.
+    pub fn key(&self) -> &str {
+        &self.inner.key
+    }
+
+    /// The fencing token of this acquisition: larger than that of every earlier holder of the
+    /// key. A store downstream that remembers the largest token it has seen can refuse a stale
+    /// holder's writes.
+    pub fn fence(&self) -> u64 {
+        self.inner.fence
+    }
+
+    /// Whether the lease is known lost: another caller may be running the same key.
+    pub fn is_lease_lost(&self) -> bool {
+        self.inner.lost.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn mark_lost(&self) {
+        self.inner.lost.store(true, Ordering::Release);
+    }
+
+    /// Runs `fut` with this context as the current one.
+    pub(crate) async fn scope<F: std::future::Future>(self, fut: F) -> F::Output {
+        CURRENT.scope(self, fut).await
+    }
+}

@@ -1,0 +1,233 @@
+//! Errors: what a call can fail with, each naming the key it is about.
+
+use std::fmt;
+use std::time::Duration;
+
+/// Everything a call through the runtime can fail with.
+///
+/// Every variant names the key it is about (the full key: scope and key, see
+/// [`Call`](crate::Call)); [`Error::key`] returns it. The function wrapped by the runtime returns
+/// its own error type, which must implement `From<idempotent::Error>`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Another call holds the key in progress, and the policy is to reject (the default).
+    #[error("key {}: another call holds it in progress", shown(key))]
+    Conflict {
+        /// The key.
+        key: String,
+    },
+    /// The key has completed before and the policy is to reject duplicates, or its stored result
+    /// is not replayable (it was larger than the limit, or did not serialize).
+    #[error("key {}: already completed{}", shown(key), if *replayable { "" } else { " (its result is not replayable)" })]
+    Duplicate {
+        /// The key.
+        key: String,
+        /// Whether the stored result could have been replayed under the replay policy.
+        replayable: bool,
+    },
+    /// The key was used before with a different payload (its fingerprint differs).
+    #[error("key {}: reused with a different payload (fingerprint mismatch)", shown(key))]
+    KeyReused {
+        /// The key.
+        key: String,
+    },
+    /// Token mode: the token was never issued, has expired, or was used and forgotten.
+    #[error("key {}: unknown token (never issued, expired, or already used)", shown(key))]
+    InvalidToken {
+        /// The key (scope and token).
+        key: String,
+    },
+    /// The wait policy gave up: the key was still in progress after waiting this long.
+    #[error("key {}: still in progress after waiting {waited:?}", shown(key))]
+    Timeout {
+        /// The key.
+        key: String,
+        /// How long the call waited.
+        waited: Duration,
+    },
+    /// The lease was lost while the body ran and the call was set to abort on lease loss.
+    #[error("key {}: lease lost while the body ran: {reason}", shown(key))]
+    LeaseLost {
+        /// The key.
+        key: String,
+        /// What showed the loss.
+        reason: String,
+    },
+    /// The store failed: Redis unreachable, a timeout, a script error.
+    #[error("key {}: store error: {source}", shown(key))]
+    Store {
+        /// The key.
+        key: String,
+        /// The store's error.
+        #[source]
+        source: StoreError,
+    },
+    /// A value did not serialize, or stored bytes no longer decode as the result type.
+    #[error("key {}: {message}", shown(key))]
+    Codec {
+        /// The key.
+        key: String,
+        /// What did not encode or decode, and why.
+        message: String,
+    },
+    /// The key holds something that is not an idempotency record.
+    #[error("key {}: {reason}", shown(key))]
+    Corrupt {
+        /// The key.
+        key: String,
+        /// What was found.
+        reason: String,
+    },
+    /// No runtime was set with [`init`](crate::init) before a call through the global instance.
+    #[error("key {}: no idempotency runtime is configured (call idempotent::init first)", shown(key))]
+    NotConfigured {
+        /// The key.
+        key: String,
+    },
+    /// The key is empty or too long.
+    #[error("key {}: invalid key: {reason}", shown(key))]
+    InvalidKey {
+        /// The key.
+        key: String,
+        /// Why it is refused.
+        reason: String,
+    },
+    /// An option of the call is out of range (a zero lease, for example).
+    #[error("key {}: invalid call: {reason}", shown(key))]
+    InvalidCall {
+        /// The key.
+        key: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+impl Error {
+    /// The key the error is about.
+    pub fn key(&self) -> &str {
+        match self {
+            Error::Conflict { key }
+            | Error::Duplicate { key, .. }
+            | Error::KeyReused { key }
+            | Error::InvalidToken { key }
+            | Error::Timeout { key, .. }
+            | Error::LeaseLost { key, .. }
+            | Error::Store { key, .. }
+            | Error::Codec { key, .. }
+            | Error::Corrupt { key, .. }
+            | Error::NotConfigured { key }
+            | Error::InvalidKey { key, .. }
+            | Error::InvalidCall { key, .. } => key,
+        }
+    }
+}
+
+/// The longest part of a key an error message shows.
+const SHOWN_KEY_CHARS: usize = 120;
+
+/// A key as error messages show it: quoted, escaped, and cut short when long.
+pub(crate) fn shown(key: &str) -> impl fmt::Display + '_ {
+    struct Shown<'a>(&'a str);
+    impl fmt::Display for Shown<'_> {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            let chars = self.0.chars().count();
+            if chars <= SHOWN_KEY_CHARS {
+                write!(f, "{:?}", self.0)
+            } else {
+                let head: String = self.0.chars().take(SHOWN_KEY_CHARS).collect();
+                write!(f, "{head:?}… ({} bytes)", self.0.len())
+            }
+        }
+    }
+    Shown(key)
+}
+
+/// What kind of failure a [`StoreError`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreErrorKind {
+    /// The backend could not be reached (connection refused, dropped, not yet reconnected).
+    Unavailable,
+    /// The store did not answer within its time bound.
+    Timeout,
+    /// The backend answered with an error (a script error, an out-of-memory refusal).
+    Backend,
+    /// The backend's answer did not have the expected shape.
+    Reply,
+    /// The store's configuration is invalid (a bad URL, a prefix with braces, refused
+    /// credentials).
+    Config,
+}
+
+impl fmt::Display for StoreErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            StoreErrorKind::Unavailable => "unavailable",
+            StoreErrorKind::Timeout => "timed out",
+            StoreErrorKind::Backend => "backend error",
+            StoreErrorKind::Reply => "unexpected reply",
+            StoreErrorKind::Config => "configuration error",
+        })
+    }
+}
+
+/// A failure of a [`Store`](crate::Store) operation.
+#[derive(Debug, thiserror::Error)]
+#[error("{kind}: {message}")]
+pub struct StoreError {
+    kind: StoreErrorKind,
+    message: String,
+    #[source]
+    source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+impl StoreError {
+    /// A store error of `kind` with a message.
+    pub fn new(kind: StoreErrorKind, message: impl Into<String>) -> Self {
+        StoreError { kind, message: message.into(), source: None }
+    }
+
+    /// Attaches the underlying error.
+    pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        self.source = Some(Box::new(source));
+        self
+    }
+
+    /// What kind of failure this is.
+    pub fn kind(&self) -> StoreErrorKind {
+        self.kind
+    }
+
+    /// A timeout after `after`.
+    pub fn timeout(operation: &str, after: Duration) -> Self {
+        StoreError::new(StoreErrorKind::Timeout, format!("{operation} got no answer within {after:?}"))
+    }
+
+    /// An answer of an unexpected shape.
+    pub fn reply(operation: &str, detail: impl fmt::Display) -> Self {
+        StoreError::new(StoreErrorKind::Reply, format!("{operation}: {detail}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_name_the_key() {
+        let e = Error::Conflict { key: "orders:42".into() };
+        assert_eq!(e.to_string(), "key \"orders:42\": another call holds it in progress");
+        assert_eq!(e.key(), "orders:42");
+    }
+
+    #[test]
+    fn long_and_odd_keys_are_shown_short_and_escaped() {
+        let long = "k".repeat(10_000);
+        let msg = Error::InvalidKey { key: long, reason: "too long".into() }.to_string();
+        assert!(msg.len() < 300, "{msg}");
+        assert!(msg.contains("(10000 bytes)"), "{msg}");
+        let odd = Error::Conflict { key: "a\nb\0c".into() }.to_string();
+        assert!(odd.contains(r#""a\nb\0c""#), "{odd}");
+    }
+}

@@ -1,0 +1,68 @@
+//! The global runtime: set once at start-up with [`init`], used through [`global`].
+
+use std::future::Future;
+use std::time::Duration;
+
+use once_cell::sync::OnceCell;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::call::Call;
+use crate::error::Error;
+use crate::runtime::Idempotency;
+
+static GLOBAL: OnceCell<Idempotency> = OnceCell::new();
+
+/// Sets the global runtime, used by [`global`] and by the attribute. Only the first call takes
+/// effect; a later one gets its runtime back as `Err`.
+///
+/// ```
+/// use idempotent_core::{init, Idempotency, MemoryStore};
+///
+/// init(Idempotency::new(MemoryStore::new())).expect("set once, at start-up");
+/// assert!(init(Idempotency::new(MemoryStore::new())).is_err());
+/// ```
+pub fn init(idempotency: Idempotency) -> Result<(), Idempotency> {
+    GLOBAL.set(idempotency)
+}
+
+/// The global runtime's handle. Calls through it before [`init`] fail with
+/// [`Error::NotConfigured`]; none panics.
+pub fn global() -> Global {
+    Global { _private: () }
+}
+
+/// A handle on the global runtime; see [`global`].
+#[derive(Debug, Clone, Copy)]
+pub struct Global {
+    _private: (),
+}
+
+impl Global {
+    /// The runtime, if [`init`] was called.
+    pub fn get(&self) -> Option<&'static Idempotency> {
+        GLOBAL.get()
+    }
+
+    /// [`Idempotency::run`] on the global runtime.
+    pub async fn run<T, E, F, Fut>(&self, call: Call, body: F) -> Result<T, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        match GLOBAL.get() {
+            Some(idempotency) => idempotency.run(call, body).await,
+            None => Err(Error::NotConfigured { key: call.full_key() }.into()),
+        }
+    }
+
+    /// [`Idempotency::issue_token`] on the global runtime.
+    pub async fn issue_token(&self, ttl: Duration) -> Result<String, Error> {
+        match GLOBAL.get() {
+            Some(idempotency) => idempotency.issue_token(ttl).await,
+            None => Err(Error::NotConfigured { key: "token".into() }),
+        }
+    }
+}

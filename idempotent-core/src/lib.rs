@@ -1,0 +1,56 @@
+//! The runtime of [`idempotent`](https://docs.rs/idempotent): a per-key state machine that lets
+//! an async function run once per key, however many times it is called.
+//!
+//! ```text
+//!   absent ──acquire──▶ IN_PROGRESS ──commit──▶ COMPLETED (result kept for `keep`)
+//!     ▲                   │   ▲ renew (watchdog)
+//!     └──release on Err / panic / cancel, or lease expiry──┘
+//! ```
+//!
+//! - [`Idempotency`] runs a body for a [`Call`] (key and policies) on a [`Store`]:
+//!   [`MemoryStore`] for one process, [`RedisStore`] for many.
+//! - A completed key replays its stored result ([`OnDuplicate`]); a key in progress elsewhere
+//!   rejects or waits ([`OnConflict`]); token mode runs each issued token once.
+//! - While the body runs, a watchdog renews the lease and tells the body if it is lost
+//!   ([`CallContext`]), with a fencing token for writes downstream.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! use idempotent_core::{Call, Error, Idempotency, MemoryStore};
+//!
+//! let idem = Idempotency::new(MemoryStore::new());
+//! for _ in 0..3 {
+//!     let order: Result<u64, Error> = idem
+//!         .run(Call::new("order:17").scope("checkout"), || async {
+//!             println!("creating order 17"); // printed once
+//!             Ok(17)
+//!         })
+//!         .await;
+//!     assert_eq!(order.unwrap(), 17);
+//! }
+//! # }
+//! ```
+
+#![warn(missing_docs)]
+
+mod call;
+mod codec;
+mod context;
+mod duration;
+mod error;
+mod global;
+mod ids;
+mod runtime;
+pub mod store;
+mod watchdog;
+
+pub use call::{Call, OnConflict, OnDuplicate, MAX_KEY_BYTES, MIN_LEASE};
+pub use context::CallContext;
+pub use duration::parse_duration;
+pub use error::{Error, StoreError, StoreErrorKind};
+pub use global::{global, init, Global};
+pub use runtime::{Idempotency, IdempotencyBuilder, DEFAULT_KEEP, DEFAULT_MAX_RESULT_BYTES, DEFAULT_TTL};
+pub use store::memory::MemoryStore;
+#[cfg(feature = "redis")]
+pub use store::redis::{RedisStore, RedisStoreBuilder};
+pub use store::{Mode, Store};

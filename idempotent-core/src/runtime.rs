@@ -1,0 +1,440 @@
+//! `Idempotency`: the runtime. Takes a key, decides from the record found whether the body runs,
+//! runs it under a renewed lease, and commits or releases the key after it.
+
+use std::future::Future;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::call::{Call, OnConflict, OnDuplicate};
+use crate::codec::{self, Encoded};
+use crate::context::CallContext;
+use crate::error::{Error, StoreError, StoreErrorKind};
+use crate::ids;
+use crate::store::{AcquireOutcome, AcquireRequest, CommitRequest, Store, Transition, Watcher};
+use crate::watchdog::{Driven, Watchdog};
+
+/// The default lease.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+/// How long a completed result is kept by default.
+pub const DEFAULT_KEEP: Duration = Duration::from_secs(24 * 3600);
+/// The largest result stored for replay by default; a larger one is kept as "completed, not
+/// replayable".
+pub const DEFAULT_MAX_RESULT_BYTES: usize = 1 << 20;
+
+/// The runtime: a store and the defaults calls run under. Cheap to clone (one `Arc`).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use idempotent_core::{Call, Error, Idempotency, MemoryStore};
+///
+/// #[derive(Debug)]
+/// enum AppError { Idem(Error), Declined }
+/// impl From<Error> for AppError {
+///     fn from(e: Error) -> Self { AppError::Idem(e) }
+/// }
+///
+/// let idem = Idempotency::new(MemoryStore::new());
+/// let receipt = idem
+///     .run(Call::new("pay:stripe:txn_1").scope("payments"), || async {
+///         // charge the card once...
+///         Ok::<_, AppError>(String::from("receipt-1"))
+///     })
+///     .await
+///     .unwrap();
+/// assert_eq!(receipt, "receipt-1");
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Idempotency {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Arc<dyn Store>,
+    ttl: Duration,
+    keep: Duration,
+    max_result_bytes: usize,
+    wait_recheck: Duration,
+}
+
+/// Configures an [`Idempotency`].
+#[must_use]
+pub struct IdempotencyBuilder {
+    inner: Inner,
+}
+
+impl IdempotencyBuilder {
+    /// The lease of calls that set none (default 30 s).
+    pub fn default_ttl(mut self, ttl: Duration) -> Self {
+        self.inner.ttl = ttl;
+        self
+    }
+
+    /// How long completed results are kept when a call sets nothing (default 24 h).
+    pub fn default_keep(mut self, keep: Duration) -> Self {
+        self.inner.keep = keep;
+        self
+    }
+
+    /// The largest result stored for replay (default 1 MiB).
+    pub fn max_result_bytes(mut self, bytes: usize) -> Self {
+        self.inner.max_result_bytes = bytes;
+        self
+    }
+
+    /// How often a waiting call re-reads the key if no notification came (default 1 s). The
+    /// notification normally wakes it first; this bounds the delay if one was missed (the
+    /// pub/sub connection reconnecting, say).
+    pub fn wait_recheck(mut self, every: Duration) -> Self {
+        self.inner.wait_recheck = every.max(Duration::from_millis(1));
+        self
+    }
+
+    /// The runtime.
+    pub fn build(self) -> Idempotency {
+        Idempotency { inner: Arc::new(self.inner) }
+    }
+}
+
+impl Idempotency {
+    /// A runtime on `store` with the default settings.
+    pub fn new(store: impl Store) -> Self {
+        Self::builder(store).build()
+    }
+
+    /// A builder for a runtime on `store`.
+    pub fn builder(store: impl Store) -> IdempotencyBuilder {
+        Self::builder_shared(Arc::new(store))
+    }
+
+    /// A builder for a runtime on a store shared with other code.
+    pub fn builder_shared(store: Arc<dyn Store>) -> IdempotencyBuilder {
+        IdempotencyBuilder {
+            inner: Inner {
+                store,
+                ttl: DEFAULT_TTL,
+                keep: DEFAULT_KEEP,
+                max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
+                wait_recheck: Duration::from_secs(1),
+            },
+        }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.inner.store
+    }
+
+    /// Issues a one-time token for token mode, valid for `ttl`: hand it to the client, which
+    /// sends it back with the request (`Call::token(token)`). 128 random bits, 22 URL-safe
+    /// characters.
+    pub async fn issue_token(&self, ttl: Duration) -> Result<String, Error> {
+        self.issue(None, ttl).await
+    }
+
+    /// Issues a token in `scope`, for calls made with `Call::token(t).scope(scope)`.
+    pub async fn issue_token_scoped(&self, scope: &str, ttl: Duration) -> Result<String, Error> {
+        self.issue(Some(scope), ttl).await
+    }
+
+    async fn issue(&self, scope: Option<&str>, ttl: Duration) -> Result<String, Error> {
+        for _ in 0..3 {
+            let token = ids::token().map_err(|e| Error::Store {
+                key: scope.unwrap_or("token").to_owned(),
+                source: StoreError::new(StoreErrorKind::Backend, format!("no randomness for a token: {e}")),
+            })?;
+            let mut call = Call::token(&token);
+            if let Some(scope) = scope {
+                call = call.scope(scope);
+            }
+            let key = call.full_key();
+            if ttl < crate::call::MIN_LEASE {
+                return Err(Error::InvalidCall { key, reason: format!("a token's lifetime of {ttl:?} is too short") });
+            }
+            match self.inner.store.issue_token(&key, ttl).await {
+                Ok(true) => return Ok(token),
+                Ok(false) => continue,
+                Err(source) => return Err(Error::Store { key, source }),
+            }
+        }
+        Err(Error::Store {
+            key: scope.unwrap_or("token").to_owned(),
+            source: StoreError::new(StoreErrorKind::Backend, "three fresh tokens in a row were taken"),
+        })
+    }
+
+    /// Runs `body` at most once for `call`'s key (per the call's policies) and returns its
+    /// result, or the stored result of the run that completed before.
+    ///
+    /// - Key absent: runs the body under a lease the watchdog renews. `Ok` is stored for
+    ///   `keep` and returned; `Err` releases the key (a retry may run) and is returned as is; a
+    ///   panic releases the key and goes on unwinding; a cancelled (dropped) call releases the
+    ///   key in the background.
+    /// - Key completed: the stored `Ok` value, decoded, without running the body
+    ///   ([`OnDuplicate::Replay`]), or [`Error::Duplicate`] ([`OnDuplicate::Reject`]).
+    /// - Key in progress elsewhere: [`Error::Conflict`], or wait ([`OnConflict::Wait`]).
+    /// - Same key, different fingerprint: [`Error::KeyReused`].
+    ///
+    /// If the result cannot be stored (the store fails at commit, or another owner took the key
+    /// after this call's lease was lost), the body's value is still returned, since the body
+    /// ran, and a warning is logged.
+    pub async fn run<T, E, F, Fut>(&self, call: Call, body: F) -> Result<T, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let key = call.full_key();
+        let lease = call.ttl.unwrap_or(self.inner.ttl);
+        let fingerprint = call.validate(&key, lease)?;
+        let owner = ids::owner_id();
+        let store = &*self.inner.store;
+        let started = Instant::now();
+        let mut watcher: Option<Watcher> = None;
+        loop {
+            let sent = Instant::now();
+            let request = AcquireRequest {
+                key: &key,
+                owner: &owner,
+                lease,
+                fingerprint: fingerprint.as_deref(),
+                mode: call.mode,
+                will_wait: watcher.is_some(),
+            };
+            let found = store.acquire(request).await.map_err(|source| Error::Store { key: key.clone(), source })?;
+            let held = match found {
+                AcquireOutcome::Acquired { fence } => fence,
+                AcquireOutcome::Completed { fingerprint: theirs, result } => {
+                    check_fingerprint(&key, theirs.as_deref(), fingerprint.as_deref())?;
+                    return replay(&key, call.on_duplicate, result).map_err(E::from);
+                }
+                AcquireOutcome::InProgress { fingerprint: theirs, lease_left } => {
+                    check_fingerprint(&key, theirs.as_deref(), fingerprint.as_deref())?;
+                    let OnConflict::Wait(patience) = call.on_conflict else {
+                        return Err(Error::Conflict { key }.into());
+                    };
+                    let now = Instant::now();
+                    if now >= started + patience {
+                        return Err(Error::Timeout { key, waited: now - started }.into());
+                    }
+                    match &mut watcher {
+                        // Watch first, then look again: a change after this look wakes us.
+                        None => {
+                            let w =
+                                store.watch(&key).await.map_err(|source| Error::Store { key: key.clone(), source })?;
+                            watcher = Some(w);
+                        }
+                        Some(w) => {
+                            // Until a notification, the holder's lease running out, the recheck
+                            // interval, or the end of patience, whichever comes first.
+                            let until = (started + patience)
+                                .min(now + lease_left + Duration::from_millis(2))
+                                .min(now + self.inner.wait_recheck);
+                            tokio::select! {
+                                () = w.changed() => {}
+                                () = tokio::time::sleep_until(until) => {}
+                            }
+                        }
+                    }
+                    continue;
+                }
+                AcquireOutcome::InvalidToken => return Err(Error::InvalidToken { key }.into()),
+                AcquireOutcome::Corrupt { reason } => return Err(Error::Corrupt { key, reason }.into()),
+            };
+            drop(watcher);
+            let held = Held { key, owner, fence: held, lease, sent, fingerprint };
+            return self.execute(&call, held, body).await;
+        }
+    }
+
+    /// Runs the body on a held key, then commits or releases the key.
+    async fn execute<T, E, F, Fut>(&self, call: &Call, held: Held, body: F) -> Result<T, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let mut guard = ReleaseOnDrop { store: Some(self.inner.store.clone()), key: &held.key, owner: &held.owner };
+        let context = CallContext::new(held.key.clone(), held.fence);
+        let fut = match catch_unwind(AssertUnwindSafe(body)) {
+            Ok(fut) => fut,
+            Err(panic) => {
+                guard.release().await;
+                resume_unwind(panic);
+            }
+        };
+        let scoped = context.clone().scope(fut);
+        let caught = async {
+            let mut scoped = std::pin::pin!(scoped);
+            std::future::poll_fn(|cx| match catch_unwind(AssertUnwindSafe(|| scoped.as_mut().poll(cx))) {
+                Ok(Poll::Pending) => Poll::Pending,
+                Ok(Poll::Ready(out)) => Poll::Ready(Ok(out)),
+                Err(panic) => Poll::Ready(Err(panic)),
+            })
+            .await
+        };
+        let watchdog = Watchdog {
+            store: &*self.inner.store,
+            key: &held.key,
+            owner: &held.owner,
+            lease: held.lease,
+            renew: call.renew,
+            abort: call.abort_on_lease_lost,
+            context: &context,
+        };
+        match watchdog.drive(held.sent, caught).await {
+            Driven::Lost(reason) => {
+                guard.release().await;
+                Err(Error::LeaseLost { key: held.key.clone(), reason }.into())
+            }
+            Driven::Finished(Err(panic)) => {
+                guard.release().await;
+                resume_unwind(panic)
+            }
+            Driven::Finished(Ok(Err(e))) => {
+                guard.release().await;
+                Err(e)
+            }
+            Driven::Finished(Ok(Ok(value))) => {
+                // From here on the key is never released: the body ran.
+                guard.store = None;
+                let _stored = self.commit(call, &held, &value).await;
+                Ok(value)
+            }
+        }
+    }
+
+    /// Stores the result; on failure logs it (the body ran, so its value is returned anyway).
+    /// Returns whether the result was stored.
+    async fn commit<T: Serialize>(&self, call: &Call, held: &Held, value: &T) -> bool {
+        let encoded = codec::encode(value, self.inner.max_result_bytes);
+        let result = match &encoded {
+            Encoded::Replayable(bytes) => Some(bytes.as_slice()),
+            Encoded::NotReplayable(why) => {
+                tracing::warn!(key = %held.key, why = %why, "idempotency result stored as not replayable");
+                None
+            }
+        };
+        let request = CommitRequest {
+            key: &held.key,
+            owner: &held.owner,
+            fence: held.fence,
+            keep: call.keep.unwrap_or(self.inner.keep),
+            result,
+            fingerprint: held.fingerprint.as_deref(),
+        };
+        // Commit is safe to repeat, so a failed attempt is retried a few times.
+        let mut backoff = Duration::from_millis(25);
+        for attempt in 1..=3 {
+            match self.inner.store.commit(request).await {
+                Ok(Transition::Done) => return true,
+                Ok(Transition::Lost) => {
+                    tracing::warn!(key = %held.key, "idempotency result not stored: another owner holds the key");
+                    return false;
+                }
+                Ok(Transition::Corrupt { reason }) => {
+                    tracing::warn!(key = %held.key, reason = %reason, "idempotency result not stored: the key is corrupt");
+                    return false;
+                }
+                Err(e) if attempt < 3 => {
+                    tracing::warn!(key = %held.key, error = %e, attempt, "idempotency commit failed; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff *= 4;
+                }
+                Err(e) => {
+                    tracing::warn!(key = %held.key, error = %e, "idempotency result not stored: the store failed");
+                }
+            }
+        }
+        false
+    }
+}
+
+/// A key this call holds.
+struct Held {
+    key: String,
+    owner: String,
+    fence: u64,
+    lease: Duration,
+    /// When the acquire that took the key was sent.
+    sent: Instant,
+    fingerprint: Option<String>,
+}
+
+/// Releases the key unless disarmed (`store` taken); if dropped armed, which is a cancelled
+/// call, releases it from a background task.
+struct ReleaseOnDrop<'a> {
+    store: Option<Arc<dyn Store>>,
+    key: &'a str,
+    owner: &'a str,
+}
+
+impl ReleaseOnDrop<'_> {
+    async fn release(&mut self) {
+        if let Some(store) = self.store.take() {
+            log_release(self.key, store.release(self.key, self.owner).await);
+        }
+    }
+}
+
+impl Drop for ReleaseOnDrop<'_> {
+    fn drop(&mut self) {
+        let Some(store) = self.store.take() else { return };
+        let (key, owner) = (self.key.to_owned(), self.owner.to_owned());
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(async move {
+                    let outcome = store.release(&key, &owner).await;
+                    log_release(&key, outcome);
+                });
+            }
+            Err(_) => {
+                tracing::warn!(key = %key, "idempotency call cancelled outside a runtime; the key is held until its lease ends")
+            }
+        }
+    }
+}
+
+fn log_release(key: &str, outcome: Result<Transition, StoreError>) {
+    match outcome {
+        Ok(Transition::Done) => {}
+        Ok(other) => tracing::warn!(key, outcome = ?other, "idempotency release found the key not ours"),
+        Err(e) => tracing::warn!(key, error = %e, "idempotency release failed; the key is held until its lease ends"),
+    }
+}
+
+/// A stored fingerprint differing from the call's: the key was reused for another payload.
+fn check_fingerprint(key: &str, theirs: Option<&str>, ours: Option<&str>) -> Result<(), Error> {
+    match (theirs, ours) {
+        (Some(theirs), Some(ours)) if theirs != ours => Err(Error::KeyReused { key: key.to_owned() }),
+        _ => Ok(()),
+    }
+}
+
+/// What a call on a completed key returns.
+fn replay<T: DeserializeOwned>(key: &str, policy: OnDuplicate, result: Option<Vec<u8>>) -> Result<T, Error> {
+    match (policy, result) {
+        (OnDuplicate::Replay, Some(bytes)) => {
+            codec::decode(&bytes).map_err(|message| Error::Codec { key: key.to_owned(), message })
+        }
+        (_, result) => Err(Error::Duplicate { key: key.to_owned(), replayable: result.is_some() }),
+    }
+}
+
+impl std::fmt::Debug for Idempotency {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Idempotency")
+            .field("ttl", &self.inner.ttl)
+            .field("keep", &self.inner.keep)
+            .field("max_result_bytes", &self.inner.max_result_bytes)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,206 @@
+//! The `Store` trait: the per-key state machine's four transitions (plus token issue and change
+//! notification), and the stores that implement it.
+//!
+//! A store keeps one record per key:
+//!
+//! ```text
+//!   absent ──acquire──▶ IN_PROGRESS ──commit──▶ COMPLETED (kept for `keep`)
+//!     ▲                   │   ▲ renew
+//!     └──release / lease──┘   └─┘
+//!   token mode: issue_token ──▶ ISSUED ──acquire──▶ IN_PROGRESS; release ──▶ ISSUED
+//! ```
+//!
+//! Every transition is atomic and checks the owner id of the attempt, and every transition is
+//! safe to repeat for the same owner: a client may re-send a command whose reply was lost.
+
+use std::any::Any;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::error::StoreError;
+
+pub mod memory;
+#[cfg(feature = "redis")]
+pub mod redis;
+
+/// A boxed future, so that [`Store`] stays object-safe.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Parameter mode (the key comes from the call's arguments) or token mode (the key is a
+/// one-time token issued beforehand).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// The key is built from the call's parameters; an absent key is acquired.
+    #[default]
+    Param,
+    /// The key is a token from [`issue_token`](crate::Idempotency::issue_token); an absent key
+    /// is [`InvalidToken`](crate::Error::InvalidToken).
+    Token,
+}
+
+/// What [`Store::acquire`] is asked.
+#[derive(Debug, Clone, Copy)]
+pub struct AcquireRequest<'a> {
+    /// The full key (scope and key); the store adds its own prefix.
+    pub key: &'a str,
+    /// The id of this attempt.
+    pub owner: &'a str,
+    /// How long the lease lasts unless renewed.
+    pub lease: Duration,
+    /// The payload's fingerprint, stored with the record and reported back to later callers.
+    pub fingerprint: Option<&'a str>,
+    /// Parameter or token mode.
+    pub mode: Mode,
+    /// The caller will wait for the key to change: commit and release must notify watchers.
+    pub will_wait: bool,
+}
+
+/// What [`Store::acquire`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AcquireOutcome {
+    /// The key is now held by the requesting owner (also when it already was: a re-sent
+    /// acquire). The fencing token is larger than any earlier holder's of this key.
+    Acquired {
+        /// The fencing token of this acquisition.
+        fence: u64,
+    },
+    /// Another owner holds the key.
+    InProgress {
+        /// The fingerprint the holder stored.
+        fingerprint: Option<String>,
+        /// How long until the holder's lease runs out, unless renewed.
+        lease_left: Duration,
+    },
+    /// The key has completed.
+    Completed {
+        /// The fingerprint stored with the result.
+        fingerprint: Option<String>,
+        /// The stored result, or `None` when it is not replayable.
+        result: Option<Vec<u8>>,
+    },
+    /// Token mode: no token record at this key.
+    InvalidToken,
+    /// The key holds something that is not an idempotency record.
+    Corrupt {
+        /// What was found.
+        reason: String,
+    },
+}
+
+/// What [`Store::commit`] is asked.
+#[derive(Debug, Clone, Copy)]
+pub struct CommitRequest<'a> {
+    /// The full key.
+    pub key: &'a str,
+    /// The owner that acquired it.
+    pub owner: &'a str,
+    /// The fencing token the acquisition got.
+    pub fence: u64,
+    /// How long the completed record is kept; zero deletes it at once (mutex use).
+    pub keep: Duration,
+    /// The encoded result, or `None` when it is not replayable.
+    pub result: Option<&'a [u8]>,
+    /// The payload's fingerprint.
+    pub fingerprint: Option<&'a str>,
+}
+
+/// What a commit or release found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Transition {
+    /// Done (also when it had been done already by the same owner).
+    Done,
+    /// Another owner holds or completed the key: nothing was changed.
+    Lost,
+    /// The key holds something that is not an idempotency record: nothing was changed.
+    Corrupt {
+        /// What was found.
+        reason: String,
+    },
+}
+
+/// One lease to renew: [`Store::renew`] takes many at once.
+#[derive(Debug, Clone, Copy)]
+pub struct Lease<'a> {
+    /// The full key.
+    pub key: &'a str,
+    /// The owner that holds it.
+    pub owner: &'a str,
+    /// The new lease, counted from now.
+    pub lease: Duration,
+}
+
+/// A storage backend for the per-key state machine.
+///
+/// Implement it to keep records somewhere other than [`MemoryStore`](memory::MemoryStore) or
+/// [`RedisStore`](redis::RedisStore). Each method is one atomic transition of one key's record
+/// and must check the owner id where it says so; each must give the same answer when repeated
+/// by the same owner (a client may re-send a command whose reply was lost), and none may wait
+/// unboundedly: return a [`StoreError`] of kind `Timeout` instead.
+pub trait Store: Send + Sync + 'static {
+    /// Absent → IN_PROGRESS held by `owner` with a lease (parameter mode), or ISSUED →
+    /// IN_PROGRESS (token mode; a token whose holder's lease ran out counts as ISSUED).
+    /// IN_PROGRESS already held by `owner` → `Acquired` with the same fence. Anything else is
+    /// reported as found, unchanged (except that `will_wait` marks the record as watched).
+    fn acquire<'a>(&'a self, request: AcquireRequest<'a>) -> BoxFuture<'a, Result<AcquireOutcome, StoreError>>;
+
+    /// Extends each lease whose owner still holds the key; returns, per lease, whether it did.
+    fn renew<'a>(&'a self, leases: &'a [Lease<'a>]) -> BoxFuture<'a, Result<Vec<bool>, StoreError>>;
+
+    /// IN_PROGRESS held by `owner` → COMPLETED with the result, kept for `keep` (deleted when
+    /// zero). When the key is absent (the lease ran out and nobody took it) the result is
+    /// recorded anyway. COMPLETED by `owner` already → `Done`. Held or completed by another
+    /// owner → `Lost`. Notifies watchers.
+    fn commit<'a>(&'a self, request: CommitRequest<'a>) -> BoxFuture<'a, Result<Transition, StoreError>>;
+
+    /// IN_PROGRESS held by `owner` → absent (parameter mode) or ISSUED (token mode, until the
+    /// token expires). Absent or ISSUED → `Done`. Held or completed by another owner → `Lost`.
+    /// Notifies watchers.
+    fn release<'a>(&'a self, key: &'a str, owner: &'a str) -> BoxFuture<'a, Result<Transition, StoreError>>;
+
+    /// Creates an ISSUED token record valid for `ttl`; `false` if the key exists already.
+    fn issue_token<'a>(&'a self, key: &'a str, ttl: Duration) -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// A watcher woken when the key's record is committed or released. It must be in place
+    /// before this returns, so that a change made after `watch` returns wakes it.
+    fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Watcher, StoreError>>;
+}
+
+/// Wakes a waiting caller when a key it watches changes; see [`Store::watch`].
+///
+/// A store builds one from the receiving end of a [`tokio::sync::watch`] channel whose sender it
+/// bumps on every change of the key, plus an optional guard dropped with the watcher (to
+/// unsubscribe, for example).
+pub struct Watcher {
+    rx: watch::Receiver<u64>,
+    _guard: Option<Box<dyn Any + Send + Sync>>,
+}
+
+impl Watcher {
+    /// A watcher on `rx`; changes already seen by `rx` do not wake it.
+    pub fn new(rx: watch::Receiver<u64>) -> Self {
+        Watcher { rx, _guard: None }
+    }
+
+    /// Keeps `guard` alive as long as the watcher.
+    pub fn with_guard(mut self, guard: impl Any + Send + Sync) -> Self {
+        self._guard = Some(Box::new(guard));
+        self
+    }
+
+    /// Waits for the next change. If the store side went away, it never returns: callers
+    /// always bound it with a timer.
+    pub async fn changed(&mut self) {
+        if self.rx.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+impl std::fmt::Debug for Watcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watcher").finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,363 @@
+//! `RedisStore`: the production store, on the `fred` client. Each transition is one Lua script
+//! (see `lua/`), each call is bounded by the store's own timeout, and the client reconnects by
+//! itself.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fred::clients::Pool;
+use fred::prelude::*;
+use tokio::sync::OnceCell;
+
+use super::{AcquireOutcome, AcquireRequest, BoxFuture, CommitRequest, Lease, Mode, Store, Transition, Watcher};
+use crate::error::{StoreError, StoreErrorKind};
+
+mod keys;
+mod replies;
+mod scripts;
+mod watch;
+
+pub use fred;
+
+/// The default prefix of every key the store writes.
+pub const DEFAULT_PREFIX: &str = "idem";
+
+/// The production store: records in Redis (standalone, Sentinel or Cluster, by URL), shared by
+/// every process that connects to it.
+///
+/// ```no_run
+/// # async fn f() -> Result<(), idempotent_core::StoreError> {
+/// use std::time::Duration;
+/// use idempotent_core::{Idempotency, RedisStore};
+///
+/// let store = RedisStore::builder("redis://127.0.0.1:6379")
+///     .prefix("orders-svc")
+///     .timeout(Duration::from_secs(1))
+///     .connect()
+///     .await?;
+/// let idem = Idempotency::new(store);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: Pool,
+    builder: Builder,
+    prefix: String,
+    timeout: Duration,
+    clustered: bool,
+    subscriptions: OnceCell<watch::Subscriptions>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        let pool = self.pool.clone();
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let _ = pool.quit().await;
+            });
+        }
+    }
+}
+
+/// Configures and connects a [`RedisStore`].
+#[must_use]
+pub struct RedisStoreBuilder {
+    config: Result<Config, Error>,
+    prefix: String,
+    pool_size: usize,
+    timeout: Duration,
+    connect_timeout: Duration,
+    reconnect: ReconnectPolicy,
+}
+
+impl RedisStore {
+    /// Connects to the Redis at `url` with the default settings (prefix `idem`, 2 s timeout).
+    ///
+    /// The URL is fred's: `redis://host:port/db`, `rediss://` for TLS when a TLS feature of
+    /// fred is on, `redis-cluster://host:port?node=host2:port2`,
+    /// `redis-sentinel://host:port?sentinelServiceName=mymaster`.
+    pub async fn connect(url: &str) -> Result<RedisStore, StoreError> {
+        Self::builder(url).connect().await
+    }
+
+    /// A builder for a store on the Redis at `url`.
+    pub fn builder(url: &str) -> RedisStoreBuilder {
+        Self::from_config(Config::from_url(url))
+    }
+
+    /// A builder for a store on a fred [`Config`] (for settings a URL cannot carry).
+    pub fn from_config(config: impl Into<Result<Config, Error>>) -> RedisStoreBuilder {
+        RedisStoreBuilder {
+            config: config.into(),
+            prefix: DEFAULT_PREFIX.to_owned(),
+            pool_size: 1,
+            timeout: Duration::from_secs(2),
+            connect_timeout: Duration::from_secs(5),
+            reconnect: ReconnectPolicy::new_exponential(0, 50, 2_000, 2),
+        }
+    }
+
+    /// The Redis key holding the record of `key` (scope included), for operators and tests:
+    /// `redis-cli HGETALL <it>` shows the record.
+    pub fn record_key(&self, key: &str) -> String {
+        keys::record_key(&self.inner.prefix, key)
+    }
+
+    /// The connection pool, for commands of your own next to the store's.
+    pub fn pool(&self) -> &Pool {
+        &self.inner.pool
+    }
+
+    /// Closes the store's connections.
+    pub async fn quit(&self) {
+        let _ = self.inner.pool.quit().await;
+        if let Some(subs) = self.inner.subscriptions.get() {
+            let _ = subs.quit().await;
+        }
+    }
+
+    /// The client a key's commands go through: always the same one for one key, so that they
+    /// reach Redis in the order they were sent (a release after a timed-out acquire, say).
+    fn client_for(&self, record_key: &str) -> &Client {
+        let clients = self.inner.pool.clients();
+        &clients[keys::fnv1a(record_key.as_bytes()) as usize % clients.len()]
+    }
+
+    /// Runs `op`, bounded by the store's timeout.
+    async fn bounded<T>(&self, op: &str, fut: impl Future<Output = Result<T, Error>>) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.inner.timeout, fut).await {
+            Ok(result) => result.map_err(|e| store_error(op, e)),
+            Err(_) => Err(StoreError::timeout(op, self.inner.timeout)),
+        }
+    }
+
+    async fn script(
+        &self,
+        op: &str,
+        script: &fred::types::scripts::Script,
+        key: String,
+        args: Vec<Value>,
+    ) -> Result<Value, StoreError> {
+        let client = self.client_for(&key);
+        self.bounded(op, scripts::run(client, script, vec![key.into()], args)).await
+    }
+
+    async fn acquire_inner(&self, req: AcquireRequest<'_>) -> Result<AcquireOutcome, StoreError> {
+        let key = self.record_key(req.key);
+        let args = vec![
+            req.owner.into(),
+            millis(req.lease).into(),
+            req.fingerprint.unwrap_or("").into(),
+            if req.mode == Mode::Token { "t" } else { "p" }.into(),
+            if req.will_wait { "1" } else { "0" }.into(),
+        ];
+        match self.script("acquire", &scripts::ACQUIRE, key, args).await {
+            Ok(reply) => replies::acquire(reply),
+            Err(e) => {
+                // The acquire may still reach Redis later (fred re-sends queued commands after a
+                // reconnect). Release behind it, on the same connection, so it cannot hold the
+                // key for a whole lease; the release is owner-checked and a no-op otherwise.
+                let (store, key, owner) = (self.clone(), req.key.to_owned(), req.owner.to_owned());
+                if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                    rt.spawn(async move {
+                        let _ = store.release(&key, &owner).await;
+                    });
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn renew_inner(&self, leases: &[Lease<'_>]) -> Result<Vec<bool>, StoreError> {
+        // One script call per hash slot (all of them in one call on a standalone server).
+        let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
+        let keys: Vec<String> = leases.iter().map(|l| self.record_key(l.key)).collect();
+        for (i, key) in keys.iter().enumerate() {
+            let slot = if self.inner.clustered { fred::util::redis_keyslot(key.as_bytes()) } else { 0 };
+            match groups.iter_mut().find(|(s, _)| *s == slot) {
+                Some((_, members)) => members.push(i),
+                None => groups.push((slot, vec![i])),
+            }
+        }
+        let mut renewed = vec![false; leases.len()];
+        for (_, members) in groups {
+            let group_keys: Vec<Key> = members.iter().map(|&i| keys[i].clone().into()).collect();
+            let args: Vec<Value> =
+                members.iter().flat_map(|&i| [leases[i].owner.into(), millis(leases[i].lease).into()]).collect();
+            let client = self.client_for(&keys[members[0]]);
+            let reply = self.bounded("renew", scripts::run(client, &scripts::RENEW, group_keys, args)).await?;
+            for (flag, &i) in replies::renewed(reply, members.len())?.into_iter().zip(&members) {
+                renewed[i] = flag;
+            }
+        }
+        Ok(renewed)
+    }
+
+    async fn commit_inner(&self, req: CommitRequest<'_>) -> Result<Transition, StoreError> {
+        let args = vec![
+            req.owner.into(),
+            millis(req.keep).into(),
+            if req.result.is_some() { "1" } else { "0" }.into(),
+            Value::Bytes(req.result.unwrap_or_default().to_vec().into()),
+            req.fingerprint.unwrap_or("").into(),
+            req.fence.to_string().into(),
+        ];
+        let reply = self.script("commit", &scripts::COMMIT, self.record_key(req.key), args).await?;
+        replies::transition("commit", reply)
+    }
+
+    async fn release_inner(&self, key: &str, owner: &str) -> Result<Transition, StoreError> {
+        let reply = self.script("release", &scripts::RELEASE, self.record_key(key), vec![owner.into()]).await?;
+        replies::transition("release", reply)
+    }
+
+    async fn issue_inner(&self, key: &str, ttl: Duration) -> Result<bool, StoreError> {
+        let reply = self.script("issue_token", &scripts::ISSUE, self.record_key(key), vec![millis(ttl).into()]).await?;
+        replies::issued(reply)
+    }
+
+    async fn watch_inner(&self, key: &str) -> Result<Watcher, StoreError> {
+        let subs = self
+            .inner
+            .subscriptions
+            .get_or_try_init(|| async {
+                let client = self.inner.builder.build_subscriber_client().map_err(|e| store_error("subscribe", e))?;
+                self.bounded("subscribe", watch::Subscriptions::start(client)).await
+            })
+            .await?;
+        let channel = self.record_key(key);
+        match tokio::time::timeout(self.inner.timeout, subs.watch(&channel)).await {
+            Ok(watcher) => watcher,
+            Err(_) => Err(StoreError::timeout("subscribe", self.inner.timeout)),
+        }
+    }
+}
+
+impl RedisStoreBuilder {
+    /// The prefix of every key the store writes (default `idem`); it may not contain braces.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// How many connections to spread commands over (default 1: fred pipelines concurrent
+    /// commands on one connection).
+    pub fn pool_size(mut self, size: usize) -> Self {
+        self.pool_size = size.max(1);
+        self
+    }
+
+    /// The bound on every store call (default 2 s): past it the call fails with a store error of
+    /// kind `Timeout` instead of waiting for Redis to come back.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The bound on connecting (default 5 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How the connections come back after they drop (default: forever, exponential backoff
+    /// from 50 ms to 2 s).
+    pub fn reconnect_policy(mut self, policy: ReconnectPolicy) -> Self {
+        self.reconnect = policy;
+        self
+    }
+
+    /// Connects the pool.
+    pub async fn connect(self) -> Result<RedisStore, StoreError> {
+        keys::check_prefix(&self.prefix).map_err(|m| StoreError::new(StoreErrorKind::Config, m))?;
+        let config = self.config.map_err(|e| store_error("configure", e))?;
+        let clustered = config.server.is_clustered();
+        let mut builder = Builder::from_config(config);
+        builder
+            .set_policy(self.reconnect)
+            .with_connection_config(|c| {
+                c.connection_timeout = self.connect_timeout;
+                c.internal_command_timeout = self.timeout;
+            })
+            .with_performance_config(|p| p.default_command_timeout = self.timeout);
+        let pool = builder.build_pool(self.pool_size).map_err(|e| store_error("configure", e))?;
+        match tokio::time::timeout(self.connect_timeout, pool.init()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(store_error("connect", e)),
+            Err(_) => {
+                let _ = pool.quit().await;
+                return Err(StoreError::timeout("connect", self.connect_timeout));
+            }
+        }
+        Ok(RedisStore {
+            inner: Arc::new(Inner {
+                pool,
+                builder,
+                prefix: self.prefix,
+                timeout: self.timeout,
+                clustered,
+                subscriptions: OnceCell::new(),
+            }),
+        })
+    }
+}
+
+/// A fred error as a store error, with the kind a caller can act on.
+pub(crate) fn store_error(op: &str, e: Error) -> StoreError {
+    let kind = match e.kind() {
+        ErrorKind::IO | ErrorKind::Canceled | ErrorKind::Routing | ErrorKind::Cluster | ErrorKind::Backpressure => {
+            StoreErrorKind::Unavailable
+        }
+        ErrorKind::Sentinel => StoreErrorKind::Unavailable,
+        ErrorKind::Timeout => StoreErrorKind::Timeout,
+        ErrorKind::Protocol | ErrorKind::Parse => StoreErrorKind::Reply,
+        ErrorKind::Config | ErrorKind::Url | ErrorKind::Auth => StoreErrorKind::Config,
+        _ => StoreErrorKind::Backend,
+    };
+    StoreError::new(kind, format!("{op}: {}", e.details())).with_source(e)
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+impl Store for RedisStore {
+    fn acquire<'a>(&'a self, request: AcquireRequest<'a>) -> BoxFuture<'a, Result<AcquireOutcome, StoreError>> {
+        Box::pin(self.acquire_inner(request))
+    }
+
+    fn renew<'a>(&'a self, leases: &'a [Lease<'a>]) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
+        Box::pin(self.renew_inner(leases))
+    }
+
+    fn commit<'a>(&'a self, request: CommitRequest<'a>) -> BoxFuture<'a, Result<Transition, StoreError>> {
+        Box::pin(self.commit_inner(request))
+    }
+
+    fn release<'a>(&'a self, key: &'a str, owner: &'a str) -> BoxFuture<'a, Result<Transition, StoreError>> {
+        Box::pin(self.release_inner(key, owner))
+    }
+
+    fn issue_token<'a>(&'a self, key: &'a str, ttl: Duration) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(self.issue_inner(key, ttl))
+    }
+
+    fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Watcher, StoreError>> {
+        Box::pin(self.watch_inner(key))
+    }
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("prefix", &self.inner.prefix)
+            .field("timeout", &self.inner.timeout)
+            .field("clustered", &self.inner.clustered)
+            .finish_non_exhaustive()
+    }
+}

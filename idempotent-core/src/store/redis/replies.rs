@@ -1,0 +1,93 @@
+//! Reading the scripts' replies (documented in each script's header) into store outcomes.
+
+use std::time::Duration;
+
+use fred::prelude::Value;
+
+use crate::error::StoreError;
+use crate::store::{AcquireOutcome, Transition};
+
+fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::String(s) => Some(s.to_string()),
+        Value::Bytes(b) => String::from_utf8(b.to_vec()).ok(),
+        _ => None,
+    }
+}
+
+fn int(v: &Value) -> Option<i64> {
+    match v {
+        Value::Integer(i) => Some(*i),
+        other => text(other)?.parse().ok(),
+    }
+}
+
+fn fingerprint(v: Option<&Value>) -> Option<String> {
+    v.and_then(text).filter(|s| !s.is_empty())
+}
+
+fn array(op: &str, reply: Value) -> Result<Vec<Value>, StoreError> {
+    match reply {
+        Value::Array(items) if !items.is_empty() => Ok(items),
+        other => Err(StoreError::reply(op, format_args!("expected an array, got {other:?}"))),
+    }
+}
+
+pub(crate) fn acquire(reply: Value) -> Result<AcquireOutcome, StoreError> {
+    let items = array("acquire", reply)?;
+    let bad = || StoreError::reply("acquire", format_args!("unexpected reply {items:?}"));
+    let status = text(&items[0]).ok_or_else(bad)?;
+    Ok(match status.as_str() {
+        "acquired" => {
+            let fence = items.get(1).and_then(int).filter(|f| *f >= 0).ok_or_else(bad)?;
+            AcquireOutcome::Acquired { fence: fence as u64 }
+        }
+        "progress" => {
+            let left = items.get(2).and_then(int).ok_or_else(bad)?.max(0);
+            AcquireOutcome::InProgress {
+                fingerprint: fingerprint(items.get(1)),
+                lease_left: Duration::from_millis(left as u64),
+            }
+        }
+        "completed" => {
+            let replayable = items.get(2).and_then(int).ok_or_else(bad)? == 1;
+            let result = match items.get(3) {
+                Some(Value::String(s)) => s.as_bytes().to_vec(),
+                Some(Value::Bytes(b)) => b.to_vec(),
+                _ => return Err(bad()),
+            };
+            AcquireOutcome::Completed { fingerprint: fingerprint(items.get(1)), result: replayable.then_some(result) }
+        }
+        "invalid" => AcquireOutcome::InvalidToken,
+        "corrupt" => AcquireOutcome::Corrupt { reason: items.get(1).and_then(text).unwrap_or_default() },
+        _ => return Err(bad()),
+    })
+}
+
+pub(crate) fn transition(op: &str, reply: Value) -> Result<Transition, StoreError> {
+    let items = array(op, reply)?;
+    match text(&items[0]).as_deref() {
+        Some("ok") => Ok(Transition::Done),
+        Some("lost") => Ok(Transition::Lost),
+        Some("corrupt") => Ok(Transition::Corrupt { reason: items.get(1).and_then(text).unwrap_or_default() }),
+        _ => Err(StoreError::reply(op, format_args!("unexpected reply {items:?}"))),
+    }
+}
+
+pub(crate) fn renewed(reply: Value, expected: usize) -> Result<Vec<bool>, StoreError> {
+    let items = match reply {
+        Value::Array(items) => items,
+        other => return Err(StoreError::reply("renew", format_args!("expected an array, got {other:?}"))),
+    };
+    let flags: Option<Vec<bool>> = items.iter().map(|v| int(v).map(|i| i == 1)).collect();
+    match flags {
+        Some(flags) if flags.len() == expected => Ok(flags),
+        _ => Err(StoreError::reply("renew", format_args!("unexpected reply {items:?}"))),
+    }
+}
+
+pub(crate) fn issued(reply: Value) -> Result<bool, StoreError> {
+    int(&reply)
+        .map(|i| i == 1)
+        .ok_or_else(|| StoreError::reply("issue_token", format_args!("unexpected reply {reply:?}")))
+}

@@ -1,0 +1,86 @@
+-- acquire.lua: take a key for one attempt.
+--   absent           -> IN_PROGRESS (parameter mode); token mode: the token is unknown
+--   ISSUED           -> IN_PROGRESS (token mode)
+--   IN_PROGRESS, own -> acquired again (a re-sent command must not turn into a conflict)
+--   otherwise        -> report what is there
+-- KEYS[1]  the record
+-- ARGV[1]  owner id of this attempt
+-- ARGV[2]  lease in milliseconds
+-- ARGV[3]  fingerprint of the payload ('' for none)
+-- ARGV[4]  'p' parameter mode, 't' token mode
+-- ARGV[5]  '1' when the caller will wait for the key to change (sets w)
+-- Returns
+--   {'acquired', fence}
+--   {'progress', fingerprint, lease_left_ms}
+--   {'completed', fingerprint, replayable (1 or 0), result}
+--   {'invalid'}                 token mode: never issued, expired, or used and forgotten
+--   {'corrupt', reason}
+local key, owner, lease, fp, mode = KEYS[1], ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local now = now_us()
+local now_ms = math.floor(now / 1000)
+local rec, why = load(key)
+if rec == false then
+  return { 'corrupt', why }
+end
+
+if rec == nil then
+  if mode == 't' then
+    return { 'invalid' }
+  end
+  redis.call('HSET', key, 's', 'P', 'o', owner, 'n', int(now))
+  if fp ~= '' then
+    redis.call('HSET', key, 'f', fp)
+  end
+  redis.call('PEXPIRE', key, lease)
+  return { 'acquired', now }
+end
+
+if rec.s == 'P' and rec.o == owner then
+  return { 'acquired', tonumber(rec.n) }
+end
+
+if rec.s == 'C' then
+  local result = redis.call('HGET', key, 'r')
+  if result then
+    return { 'completed', rec.f or '', 1, result }
+  end
+  return { 'completed', rec.f or '', 0, '' }
+end
+
+if rec.s == 'P' then
+  local left
+  if rec.l then
+    left = tonumber(rec.l) - now_ms
+  else
+    left = redis.call('PTTL', key)
+  end
+  -- A token whose holder's lease ran out is ISSUED again; anything else is held.
+  if not (rec.te and left <= 0) then
+    if ARGV[5] == '1' and not rec.w then
+      redis.call('HSET', key, 'w', '1')
+    end
+    return { 'progress', rec.f or '', math.max(left, 0) }
+  end
+end
+
+-- ISSUED (or a token whose holder's lease ran out): flip to IN_PROGRESS.
+if not rec.te then
+  return { 'corrupt', 'holds an issued token with no expiry' }
+end
+if mode ~= 't' then
+  return { 'corrupt', 'holds an issued token, but the call is in parameter mode' }
+end
+local te = tonumber(rec.te)
+if te <= now_ms then
+  redis.call('DEL', key)
+  return { 'invalid' }
+end
+local fence = math.max((tonumber(rec.n) or 0) + 1, now)
+redis.call('HSET', key, 's', 'P', 'o', owner, 'n', int(fence), 'l', int(now_ms + lease))
+if fp ~= '' then
+  redis.call('HSET', key, 'f', fp)
+else
+  redis.call('HDEL', key, 'f')
+end
+redis.call('PEXPIREAT', key, math.max(te, now_ms + lease))
+return { 'acquired', fence }

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The whole test suite, on a fresh machine: installs Redis where missing, then format, lints,
+# docs, and every test (the tests start and stop their own redis-server processes on free ports).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/install-redis.sh
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets --all-features -- -D warnings
+
+echo "== cargo doc"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps --quiet
+
+echo "== cargo test"
+cargo test --workspace --all-features
+echo "== all green"
