@@ -84,6 +84,12 @@ impl MemoryStore {
         self.len() == 0
     }
 
+    /// Drops the record of `key` (its full key, scope included), whatever its state: an
+    /// operator's tool, and a way for tests to take a lease away. Returns whether there was one.
+    pub fn remove(&self, key: &str) -> bool {
+        self.lock().records.remove(key).is_some()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // A panic while holding the lock cannot leave a record half-written (every write is a
         // single assignment), so a poisoned lock is still consistent.

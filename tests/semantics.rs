@@ -1,0 +1,669 @@
+//! The semantic suite, run unchanged on `MemoryStore` and on `RedisStore` against a real
+//! `redis-server` each test starts for itself.
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::Duration;
+
+use idempotent::store::{AcquireOutcome, AcquireRequest};
+use idempotent::{Call, CallContext, Error, Idempotency, Mode, OnConflict, OnDuplicate};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use support::{eventually, Backend, Fixture};
+use tokio::time::Instant;
+
+#[derive(Debug)]
+enum AppError {
+    Idem(Error),
+    Failed(&'static str),
+}
+
+impl From<Error> for AppError {
+    fn from(e: Error) -> Self {
+        AppError::Idem(e)
+    }
+}
+
+type R<T> = Result<T, AppError>;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn counter() -> Arc<AtomicUsize> {
+    Arc::new(AtomicUsize::new(0))
+}
+
+macro_rules! suite {
+    ($($name:ident),* $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Backend::Memory).await
+                }
+            )*
+        }
+        mod redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Backend::Redis).await
+                }
+            )*
+        }
+    };
+}
+
+suite!(
+    concurrent_callers_run_the_body_once,
+    replay_returns_identical_values,
+    error_releases_the_key,
+    panic_releases_the_key_and_reaches_the_caller,
+    cancelled_call_releases_the_key,
+    watchdog_keeps_the_lease_of_a_long_body,
+    without_renewal_a_long_body_runs_twice,
+    lost_lease_aborts_the_body,
+    commit_never_overwrites_another_owner,
+    fencing_tokens_strictly_increase,
+    waiter_gets_the_result_when_the_holder_commits,
+    waiter_runs_the_body_when_the_holder_fails,
+    waiter_times_out_when_the_holder_outlives_the_wait,
+    token_runs_once_then_replays,
+    token_second_submit_rejected_by_policy,
+    unknown_expired_or_used_token_is_invalid,
+    failed_attempt_leaves_the_token_usable,
+    token_double_click_runs_once,
+    crashed_token_holder_frees_the_token_after_its_lease,
+    empty_or_oversized_key_is_invalid,
+    result_that_no_longer_decodes_is_a_codec_error,
+    key_reused_with_another_payload_is_refused,
+    reject_policy_gives_duplicate,
+    keep_zero_makes_a_mutex,
+    oversized_result_is_completed_but_not_replayable,
+);
+
+/// 100 callers on one key through 4 separate clients: one body runs; every other caller gets
+/// the replayed value or `Conflict`.
+async fn concurrent_callers_run_the_body_once(backend: Backend) {
+    let fx = Fixture::new(backend, 4).await;
+    let runs = counter();
+    let barrier = Arc::new(tokio::sync::Barrier::new(100));
+    let mut tasks = Vec::new();
+    for i in 0..100 {
+        let (idem, runs, barrier) = (fx.idem(i % 4), runs.clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            idem.run(Call::new("order:1").scope("race"), || async move {
+                runs.fetch_add(1, SeqCst);
+                tokio::time::sleep(ms(300)).await;
+                R::Ok(format!("receipt from caller {i}"))
+            })
+            .await
+        }));
+    }
+    let mut values = Vec::new();
+    let mut conflicts = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(v) => values.push(v),
+            Err(AppError::Idem(Error::Conflict { .. })) => conflicts += 1,
+            Err(other) => panic!("unexpected result {other:?}"),
+        }
+    }
+    assert_eq!(runs.load(SeqCst), 1, "the body ran more than once");
+    assert!(!values.is_empty());
+    assert!(values.iter().all(|v| v == &values[0]), "callers saw different values: {values:?}");
+    assert_eq!(values.len() + conflicts, 100);
+    // Once completed, every caller gets the winner's value.
+    for i in 0..20 {
+        let idem = fx.idem(i % 4);
+        let again = idem.run(Call::new("order:1").scope("race"), || async { R::Ok(String::from("rerun")) });
+        assert_eq!(again.await.unwrap(), values[0]);
+    }
+    assert_eq!(runs.load(SeqCst), 1);
+    println!("{backend:?}: 100 racing callers: 1 execution, {} got the value, {conflicts} conflicts", values.len());
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Receipt {
+    id: u64,
+    amount_cents: i64,
+    note: Option<String>,
+    tags: Vec<String>,
+}
+
+/// Runs `first` on a fresh key, then a call whose body would give `second`: the replay must be
+/// `first`, and the second body must not run.
+async fn replays<T>(idem: &Idempotency, key: &str, first: T, second: T)
+where
+    T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug + Clone + Send + 'static,
+{
+    let runs = counter();
+    let r1 = runs.clone();
+    let f = first.clone();
+    let got = idem.run(Call::new(key), || async move {
+        r1.fetch_add(1, SeqCst);
+        R::Ok(f)
+    });
+    assert_eq!(got.await.unwrap(), first);
+    let r2 = runs.clone();
+    let got = idem.run(Call::new(key), || async move {
+        r2.fetch_add(1, SeqCst);
+        R::Ok(second)
+    });
+    assert_eq!(got.await.unwrap(), first, "replay of {key} differs");
+    assert_eq!(runs.load(SeqCst), 1, "{key}: the body ran again instead of replaying");
+}
+
+async fn replay_returns_identical_values(backend: Backend) {
+    let fx = Fixture::new(backend, 1).await;
+    let idem = fx.idem(0);
+    replays(&idem, "unit", (), ()).await;
+    replays(&idem, "zero", 0i64, 1).await;
+    replays(&idem, "false", false, true).await;
+    replays(&idem, "empty-string", String::new(), "x".into()).await;
+    replays(&idem, "none", None::<u32>, Some(1)).await;
+    replays(&idem, "empty-vec", Vec::<u32>::new(), vec![1]).await;
+    let receipt = Receipt { id: 7, amount_cents: -1250, note: None, tags: vec!["a\"b".into(), "ü".into()] };
+    replays(&idem, "struct", receipt, Receipt { id: 8, amount_cents: 0, note: Some("x".into()), tags: vec![] }).await;
+}
+
+async fn error_releases_the_key(backend: Backend) {
+    let fx = Fixture::new(backend, 1).await;
+    let idem = fx.idem(0);
+    let runs = counter();
+    let call = || Call::new("flaky").ttl(Duration::from_secs(30));
+    let r = runs.clone();
+    let failed: R<u32> = idem
+        .run(call(), || async move {
+            r.fetch_add(1, SeqCst);
+            Err(AppError::Failed("card declined"))
+        })
+        .await;
+    assert!(matches!(failed, Err(AppError::Failed("card declined"))), "{failed:?}");
+    let r = runs.clone();
+    let retried = idem.run(call(), || async move {
+        r.fetch_add(1, SeqCst);
+        R::Ok(5u32)
+    });
+    assert_eq!(retried.await.unwrap(), 5);
+    assert_eq!(runs.load(SeqCst), 2, "the retry did not run the body");
+}
+
+async fn panic_releases_the_key_and_reaches_the_caller(backend: Backend) {
+    let fx = Fixture::new(backend, 1).await;
+    let idem = fx.idem(0);
+    let call = || Call::new("panicky").ttl(Duration::from_secs(30));
+    let i = idem.clone();
+    let joined = tokio::spawn(async move {
+        i.run(call(), || async {
+            if std::hint::black_box(true) {
+                panic!("boom in the body");
+            }
+            R::Ok(1u8)
+        })
+        .await
+    })
+    .await;
+    let panic = joined.expect_err("the panic did not reach the caller").into_panic();
+    assert_eq!(panic.downcast_ref::<&str>(), Some(&"boom in the body"));
+    let retried = idem.run(call(), || async { R::Ok(2u8) }).await;
+    assert_eq!(retried.unwrap(), 2, "the key stayed held after a panic");
+}
+
+async fn cancelled_call_releases_the_key(backend: Backend) {
+    let fx = Fixture::new(backend, 1).await;
+    let idem = fx.idem(0);
+    let call = || Call::new("cancelled").ttl(Duration::from_secs(30));
+    let started = Arc::new(AtomicBool::new(false));
+    let s = started.clone();
+    let cancelled = tokio::time::timeout(
+        ms(200),
+        idem.run(call(), || async move {
+            s.store(true, SeqCst);
+            tokio::time::sleep(Duration::from_secs(20)).await;
+            R::Ok(1u8)
+        }),
+    )
+    .await;
+    assert!(cancelled.is_err() && started.load(SeqCst), "the call was not cancelled mid-body");
+    // The lease is 30 s: getting the key within a few seconds proves it was released.
+    let value = eventually(Duration::from_secs(5), "the cancelled call's key to be released", || async {
+        match idem.run(call(), || async { R::Ok(2u8) }).await {
+            Ok(v) => Some(v),
+            Err(AppError::Idem(Error::Conflict { .. })) => None,
+            Err(e) => panic!("{e:?}"),
+        }
+    })
+    .await;
+    assert_eq!(value, 2);
+}
+
+/// Lease 1 s, body 3.5 s, a duplicate every 300 ms: the watchdog keeps the key held, so no
+/// duplicate runs the body. `renew` switches the watchdog off for the counter-test.
+async fn long_body_with_duplicates(backend: Backend, renew: bool) -> usize {
+    let fx = Fixture::new(backend, 2).await;
+    let runs = counter();
+    let call = || Call::new("long-job").ttl(Duration::from_secs(1));
+    let (holder, r) = (fx.idem(0), runs.clone());
+    let held = tokio::spawn(async move {
+        holder
+            .run(call().renew(renew), || async move {
+                r.fetch_add(1, SeqCst);
+                tokio::time::sleep(ms(3500)).await;
+                R::Ok(String::from("done"))
+            })
+            .await
+    });
+    tokio::time::sleep(ms(50)).await;
+    let duplicate = fx.idem(1);
+    for _ in 0..12 {
+        tokio::time::sleep(ms(300)).await;
+        let r = runs.clone();
+        let _ = duplicate
+            .run(call(), || async move {
+                r.fetch_add(1, SeqCst);
+                tokio::time::sleep(ms(3500)).await;
+                R::Ok(String::from("duplicate"))
+            })
+            .await;
+    }
+    let _ = held.await.unwrap();
+    runs.load(SeqCst)
+}
+
+async fn watchdog_keeps_the_lease_of_a_long_body(backend: Backend) {
+    assert_eq!(long_body_with_duplicates(backend, true).await, 1, "a duplicate ran while the watchdog held the lease");
+}
+
+async fn without_renewal_a_long_body_runs_twice(backend: Backend) {
+    let runs = long_body_with_duplicates(backend, false).await;
+    assert!(runs >= 2, "without renewal the lease should have run out under the body (runs = {runs})");
+}
+
+async fn lost_lease_aborts_the_body(backend: Backend) {
+    let fx = Fixture::new(backend, 1).await;
+    let idem = fx.idem(0);
+    let finished = Arc::new(AtomicBool::new(false));
+    let f = finished.clone();
+    let call = Call::new("abort-me").ttl(ms(900)).abort_on_lease_lost(true);
+    let key = call.full_key();
+    let run = tokio::spawn(async move {
+        idem.run(call, || async move {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            f.store(true, SeqCst);
+            R::Ok(())
+        })
+        .await
+    });
+    tokio::time::sleep(ms(100)).await;
+    fx.delete_record(&key);
+    let started = Instant::now();
+    let result = run.await.unwrap();
+    assert!(matches!(result, Err(AppError::Idem(Error::LeaseLost { .. }))), "{result:?}");
+    assert!(!finished.load(SeqCst), "the body ran to its end after the lease was lost");
+    println!("{backend:?}: lease loss noticed {:?} after the record was deleted", started.elapsed());
+}
+
+async fn commit_never_overwrites_another_owner(backend: Backend) {
+    let fx = Fixture::new(backend, 2).await;
+    let call = || Call::new("contested").ttl(ms(600));
+    let key = call().full_key();
+    let a = fx.idem(0);
+    let saw_loss = Arc::new(AtomicBool::new(false));
+    let s = saw_loss.clone();
+    let first = tokio::spawn(async move {
+        a.run(call(), || async move {
+            tokio::time::sleep(ms(1500)).await;
+            s.store(CallContext::current().unwrap().is_lease_lost(), SeqCst);
+            R::Ok(String::from("A"))
+        })
+        .await
+    });
+    tokio::time::sleep(ms(100)).await;
+    fx.delete_record(&key);
+    let b = fx.idem(1).run(call(), || async { R::Ok(String::from("B")) }).await;
+    assert_eq!(b.unwrap(), "B");
+    // A's body ran, so A gets its value; but B's completed record must stay.
+    assert_eq!(first.await.unwrap().unwrap(), "A");
+    assert!(saw_loss.load(SeqCst), "A's body was not told its lease was lost");
+    let replay = fx.idem(0).run(call(), || async { R::Ok(String::from("C")) }).await;
+    assert_eq!(replay.unwrap(), "B", "A's late commit overwrote B's record");
+}
+
+async fn fence_of(idem: &Idempotency, call: Call, fail: bool) -> u64 {
+    let fence = Arc::new(AtomicUsize::new(0));
+    let f = fence.clone();
+    let _ = idem
+        .run(call, || async move {
+            f.store(CallContext::current().unwrap().fence() as usize, SeqCst);
+            if fail {
+                Err(AppError::Failed("x"))
+            } else {
+                R::Ok(())
+            }
+        })
+        .await;
+    fence.load(SeqCst) as u64
+}
+
+async fn fencing_tokens_strictly_increase(backend: Backend) {
+    let fx = Fixture::new(backend, 2).await;
+    let mut fences = Vec::new();
+    // Holders one after another: a mutex (nothing kept), failures (released), and clients.
+    for i in 0..6 {
+        let call = Call::new("fenced").keep(Duration::ZERO);
+        fences.push(fence_of(&fx.idem(i % 2), call, i % 3 == 1).await);
+    }
+    // After a completed record expired.
+    fences.push(fence_of(&fx.idem(0), Call::new("fenced").keep(ms(50)), false).await);
+    tokio::time::sleep(ms(150)).await;
+    fences.push(fence_of(&fx.idem(1), Call::new("fenced").keep(Duration::ZERO), false).await);
+    // After a holder's lease expired (a crash: acquired, never renewed nor released).
+    let crashed = fx.store(0);
+    let req = AcquireRequest {
+        key: "fenced",
+        owner: "crashed-owner",
+        lease: ms(50),
+        fingerprint: None,
+        mode: Mode::Param,
+        will_wait: false,
+    };
+    let AcquireOutcome::Acquired { fence } = crashed.acquire(req).await.unwrap() else { panic!("not acquired") };
+    fences.push(fence);
+    tokio::time::sleep(ms(150)).await;
+    fences.push(fence_of(&fx.idem(0), Call::new("fenced").keep(Duration::ZERO), false).await);
+    assert!(fences.iter().all(|f| *f > 0), "{fences:?}");
+    assert!(fences.windows(2).all(|w| w[0] < w[1]), "fences do not strictly increase: {fences:?}");
+}
+
+async fn waiter_gets_the_result_when_the_holder_commits(backend: Backend) {
+    let fx = Fixture::new(backend, 2).await;
+    // No fallback re-check and a long holder lease: only the commit notification can wake the
+    // waiter before its patience (10 s) runs out.
+    let waiter = fx.idem_with(1, |b| b.wait_recheck(Duration::from_secs(60)));
+    let call = || Call::new("slow-report").ttl(Duration::from_secs(30));
+    let runs = counter();
+    let (holder, r) = (fx.idem(0), runs.clone());
+    let held = tokio::spawn(async move {
+        let out = holder
+            .run(call(), || async move {
+                r.fetch_add(1, SeqCst);
+                tokio::time::sleep(ms(700)).await;
+                R::Ok(42u32)
+            })
+            .await;
+        (out, Instant::now())
+    });
+    tokio::time::sleep(ms(150)).await;
+    let r = runs.clone();
+    let got = waiter
+        .run(call().on_conflict(OnConflict::Wait(Duration::from_secs(10))), || async move {
+            r.fetch_add(1, SeqCst);
+            R::Ok(0u32)
+        })
+        .await;
+    let woke = Instant::now();
+    let (held, committed) = held.await.unwrap();
+    assert_eq!(held.unwrap(), 42);
+    assert_eq!(got.unwrap(), 42, "the waiter did not get the holder's result");
+    assert_eq!(runs.load(SeqCst), 1);
+    let latency = woke.saturating_duration_since(committed);
+    println!("{backend:?}: wait-wake latency after commit: {:.2} ms", latency.as_secs_f64() * 1e3);
+}
+
+async fn waiter_runs_the_body_when_the_holder_fails(backend: Backend) {
+    let fx = Fixture::new(backend, 2).await;
+    let waiter = fx.idem_with(1, |b| b.wait_recheck(Duration::from_secs(60)));
+    let call = || Call::new("fails-then-waiter").ttl(Duration::from_secs(30));
+    let holder = fx.idem(0);
+    let held = tokio::spawn(async move {
+        holder
+            .run(call(), || async {
+                tokio::time::sleep(ms(400)).await;
+                R::<u32>::Err(AppError::Failed("holder failed"))
+            })
+            .await
+    });
+    tokio::time::sleep(ms(100)).await;
+    let got = waiter.run(call().on_conflict(OnConflict::Wait(Duration::from_secs(10))), || async { R::Ok(9u32) });
+    assert_eq!(got.await.unwrap(), 9, "the waiter did not run the body after the holder released");
+    assert!(matches!(held.await.unwrap(), Err(AppError::Failed(_))));
+}
+
+async fn waiter_times_out_when_the_holder_outlives_the_wait(backend: Backend) {
+    let fx = Fixture::new(backend, 2).await;
+    let call = || Call::new("very-slow").ttl(Duration::from_secs(30));
+    let holder = fx.idem(0);
+    let held = tokio::spawn(async move {
+        holder
+            .run(call(), || async {
+                tokio::time::sleep(ms(2000)).await;
+                R::Ok(1u8)
+            })
+            .await
+    });
+    tokio::time::sleep(ms(100)).await;
+    let got = fx.idem(1).run(call().on_conflict(OnConflict::Wait(ms(300))), || async { R::Ok(2u8) }).await;
+    match got {
+        Err(AppError::Idem(Error::Timeout { waited, .. })) => assert!(waited >= ms(300), "{waited:?}"),
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    assert_eq!(held.await.unwrap().unwrap(), 1);
+}
+
+async fn token_runs_once_then_replays(backend: Backend) {
+    let fx = Fixture::new(backend, 1).await;
+    let idem = fx.idem(0);
+    let token = idem.issue_token(Duration::from_secs(60)).await.unwrap();
+    assert!(token.len() >= 22, "a token carries at least 128 random bits: {token}");
+    let runs = counter();
+    for _ in 0..3 {
+        let r = runs.clone();
+        let got =
+            idem.run(Call::token(&token), || async move { R::Ok(format!("order #{}", r.fetch_add(1, SeqCst) + 1)) });
+        assert_eq!(got.await.unwrap(), "order #1");
+    }
+    assert_eq!(runs.load(SeqCst), 1);
+}
+
+async fn token_second_submit_rejected_by_policy(backend: Backend) {
+    let fx = Fixture::new(backend, 1).await;
+    let idem = fx.idem(0);
+    let token = idem.issue_token(Duration::from_secs(60)).await.unwrap();
+    let call = || Call::token(&token).on_duplicate(OnDuplicate::Reject);
+    assert_eq!(idem.run(call(), || async { R::Ok(1u8) }).await.unwrap(), 1);
+    let again = idem.run(call(), || async { R::Ok(2u8) }).await;
+    assert!(matches!(again, Err(AppError::Idem(Error::Duplicate { replayable: true, .. }))), "{again:?}");
+}
+
+async fn unknown_expired_or_used_token_is_invalid(backend: Backend) {
+    let fx = Fixture::new(backend, 1).await;
+    let idem = fx.idem(0);
+    let invalid = |r: R<u8>| matches!(r, Err(AppError::Idem(Error::InvalidToken { .. })));
+    let runs = counter();
+    let body = |runs: Arc<AtomicUsize>| move || async move { R::Ok(runs.fetch_add(1, SeqCst) as u8) };
+
+    assert!(invalid(idem.run(Call::token("never-issued"), body(runs.clone())).await), "unknown token accepted");
+
+    let short = idem.issue_token(ms(100)).await.unwrap();
+    tokio::time::sleep(ms(250)).await;
+    assert!(invalid(idem.run(Call::token(&short), body(runs.clone())).await), "expired token accepted");
+
+    let used = idem.issue_token(Duration::from_secs(60)).await.unwrap();
+    assert!(idem.run(Call::token(&used).keep(ms(100)), body(runs.clone())).await.is_ok());
+    tokio::time::sleep(ms(250)).await;
+    assert!(invalid(idem.run(Call::token(&used), body(runs.clone())).await), "used token accepted again");
+    assert_eq!(runs.load(SeqCst), 1, "an invalid token ran the body");
+}
+
+async fn failed_attempt_leaves_the_token_usable(backend: Backend) {
+    let fx = Fixture::new(backend, 1).await;
+    let idem = fx.idem(0);
+    let token = idem.issue_token(Duration::from_secs(60)).await.unwrap();
+    let failed: R<u8> = idem.run(Call::token(&token), || async { Err(AppError::Failed("out of stock")) }).await;
+    assert!(matches!(failed, Err(AppError::Failed(_))));
+    let retried = idem.run(Call::token(&token), || async { R::Ok(3u8) }).await;
+    assert_eq!(retried.unwrap(), 3, "the token was not usable after a failed attempt");
+    let replayed = idem.run(Call::token(&token), || async { R::Ok(4u8) }).await;
+    assert_eq!(replayed.unwrap(), 3);
+}
+
+async fn token_double_click_runs_once(backend: Backend) {
+    let fx = Fixture::new(backend, 2).await;
+    let token = fx.idem(0).issue_token(Duration::from_secs(60)).await.unwrap();
+    let runs = counter();
+    let click = |i: usize| {
+        let (idem, runs, token) = (fx.idem(i), runs.clone(), token.clone());
+        tokio::spawn(async move {
+            idem.run(Call::token(&token), || async move {
+                runs.fetch_add(1, SeqCst);
+                tokio::time::sleep(ms(300)).await;
+                R::Ok(String::from("one order"))
+            })
+            .await
+        })
+    };
+    let (a, b) = (click(0), click(1));
+    let (a, b) = (a.await.unwrap(), b.await.unwrap());
+    assert_eq!(runs.load(SeqCst), 1);
+    let oks = [&a, &b].iter().filter(|r| r.is_ok()).count();
+    let conflicts = [&a, &b].iter().filter(|r| matches!(r, Err(AppError::Idem(Error::Conflict { .. })))).count();
+    assert_eq!(oks + conflicts, 2, "{a:?} {b:?}");
+}
+
+async fn crashed_token_holder_frees_the_token_after_its_lease(backend: Backend) {
+    let fx = Fixture::new(backend, 1).await;
+    let idem = fx.idem(0);
+    let token = idem.issue_token(Duration::from_secs(60)).await.unwrap();
+    let key = Call::token(&token).full_key();
+    let req = AcquireRequest {
+        key: &key,
+        owner: "crashed-owner",
+        lease: ms(200),
+        fingerprint: None,
+        mode: Mode::Token,
+        will_wait: false,
+    };
+    assert!(matches!(fx.store(0).acquire(req).await.unwrap(), AcquireOutcome::Acquired { .. }));
+    let held = idem.run(Call::token(&token), || async { R::Ok(1u8) }).await;
+    assert!(matches!(held, Err(AppError::Idem(Error::Conflict { .. }))), "{held:?}");
+    tokio::time::sleep(ms(350)).await;
+    let after = idem.run(Call::token(&token), || async { R::Ok(2u8) }).await;
+    assert_eq!(after.unwrap(), 2, "the token was lost with its crashed holder");
+}
+
+async fn empty_or_oversized_key_is_invalid(backend: Backend) {
+    let fx = Fixture::new(backend, 1).await;
+    let idem = fx.idem(0);
+    let runs = counter();
+    let body = |runs: Arc<AtomicUsize>| move || async move { R::Ok(runs.fetch_add(1, SeqCst)) };
+    for call in [Call::new(""), Call::new("k".repeat(2000)), Call::token("")] {
+        let got = idem.run(call, body(runs.clone())).await;
+        match got {
+            Err(AppError::Idem(e @ Error::InvalidKey { .. })) => assert!(e.to_string().contains("key"), "{e}"),
+            other => panic!("expected InvalidKey, got {other:?}"),
+        }
+    }
+    assert_eq!(runs.load(SeqCst), 0);
+    // Unicode, NUL and newline are fine.
+    assert_eq!(idem.run(Call::new("ключ\0\n🔑"), body(runs.clone())).await.unwrap(), 0);
+}
+
+async fn result_that_no_longer_decodes_is_a_codec_error(backend: Backend) {
+    let fx = Fixture::new(backend, 1).await;
+    let idem = fx.idem(0);
+    assert_eq!(idem.run(Call::new("v1"), || async { R::Ok(5u32) }).await.unwrap(), 5);
+    let runs = counter();
+    let r = runs.clone();
+    let got: R<Receipt> = idem
+        .run(Call::new("v1"), || async move {
+            r.fetch_add(1, SeqCst);
+            Ok(Receipt { id: 1, amount_cents: 1, note: None, tags: vec![] })
+        })
+        .await;
+    match got {
+        Err(AppError::Idem(e @ Error::Codec { .. })) => assert_eq!(e.key(), "v1"),
+        other => panic!("expected Codec, got {other:?}"),
+    }
+    assert_eq!(runs.load(SeqCst), 0, "an undecodable result must not re-run the body");
+}
+
+async fn key_reused_with_another_payload_is_refused(backend: Backend) {
+    let fx = Fixture::new(backend, 1).await;
+    let idem = fx.idem(0);
+    let call = |amount: u32| Call::new("pay:1").fingerprint(&("pay", amount));
+    assert_eq!(idem.run(call(100), || async { R::Ok(1u8) }).await.unwrap(), 1);
+    assert_eq!(idem.run(call(100), || async { R::Ok(2u8) }).await.unwrap(), 1, "same payload must replay");
+    let reused = idem.run(call(999), || async { R::Ok(3u8) }).await;
+    assert!(matches!(reused, Err(AppError::Idem(Error::KeyReused { .. }))), "{reused:?}");
+    // Also while in progress.
+    let i = idem.clone();
+    let held = tokio::spawn(async move {
+        i.run(Call::new("pay:2").fingerprint(&1), || async {
+            tokio::time::sleep(ms(400)).await;
+            R::Ok(1u8)
+        })
+        .await
+    });
+    tokio::time::sleep(ms(100)).await;
+    let reused = idem.run(Call::new("pay:2").fingerprint(&2), || async { R::Ok(2u8) }).await;
+    assert!(matches!(reused, Err(AppError::Idem(Error::KeyReused { .. }))), "{reused:?}");
+    held.await.unwrap().unwrap();
+}
+
+async fn reject_policy_gives_duplicate(backend: Backend) {
+    let fx = Fixture::new(backend, 1).await;
+    let idem = fx.idem(0);
+    let call = || Call::new("webhook:evt_1").on_duplicate(OnDuplicate::Reject);
+    assert_eq!(idem.run(call(), || async { R::Ok(1u8) }).await.unwrap(), 1);
+    let dup = idem.run(call(), || async { R::Ok(2u8) }).await;
+    assert!(matches!(dup, Err(AppError::Idem(Error::Duplicate { .. }))), "{dup:?}");
+}
+
+async fn keep_zero_makes_a_mutex(backend: Backend) {
+    let fx = Fixture::new(backend, 2).await;
+    let runs = counter();
+    let call = || Call::new("nightly").keep(Duration::ZERO);
+    let (a, r) = (fx.idem(0), runs.clone());
+    let held = tokio::spawn(async move {
+        a.run(call(), || async move {
+            r.fetch_add(1, SeqCst);
+            tokio::time::sleep(ms(300)).await;
+            R::Ok(())
+        })
+        .await
+    });
+    tokio::time::sleep(ms(100)).await;
+    let busy = fx.idem(1).run(call(), || async { R::Ok(()) }).await;
+    assert!(matches!(busy, Err(AppError::Idem(Error::Conflict { .. }))), "{busy:?}");
+    held.await.unwrap().unwrap();
+    let r = runs.clone();
+    fx.idem(1)
+        .run(call(), || async move {
+            r.fetch_add(1, SeqCst);
+            R::Ok(())
+        })
+        .await
+        .unwrap();
+    assert_eq!(runs.load(SeqCst), 2, "with keep = 0 the next run must run again");
+}
+
+async fn oversized_result_is_completed_but_not_replayable(backend: Backend) {
+    let fx = Fixture::new(backend, 1).await;
+    let idem = fx.idem_with(0, |b| b.max_result_bytes(100));
+    let runs = counter();
+    let body = |runs: Arc<AtomicUsize>| {
+        move || async move {
+            runs.fetch_add(1, SeqCst);
+            R::Ok("x".repeat(500))
+        }
+    };
+    assert_eq!(idem.run(Call::new("big"), body(runs.clone())).await.unwrap().len(), 500);
+    let again = idem.run(Call::new("big"), body(runs.clone())).await;
+    assert!(matches!(again, Err(AppError::Idem(Error::Duplicate { replayable: false, .. }))), "{again:?}");
+    assert_eq!(runs.load(SeqCst), 1, "an unreplayable result must not re-run the body");
+}
