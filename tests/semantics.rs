@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 
-use idempotent::store::{AcquireOutcome, AcquireRequest};
+use idempotent::store::{AcquireOutcome, AcquireRequest, CommitRequest, Lease, Transition};
 use idempotent::{Call, CallContext, Error, Idempotency, Mode, OnConflict, OnDuplicate};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -83,6 +83,7 @@ suite!(
     reject_policy_gives_duplicate,
     keep_zero_makes_a_mutex,
     oversized_result_is_completed_but_not_replayable,
+    transitions_are_safe_to_repeat,
 );
 
 /// 100 callers on one key through 4 separate clients: one body runs; every other caller gets
@@ -666,4 +667,69 @@ async fn oversized_result_is_completed_but_not_replayable(backend: Backend) {
     let again = idem.run(Call::new("big"), body(runs.clone())).await;
     assert!(matches!(again, Err(AppError::Idem(Error::Duplicate { replayable: false, .. }))), "{again:?}");
     assert_eq!(runs.load(SeqCst), 1, "an unreplayable result must not re-run the body");
+}
+
+/// A client re-sends commands whose replies it lost: each transition repeated by the same owner
+/// gives the same answer, and never turns the owner's own lease into a conflict.
+async fn transitions_are_safe_to_repeat(backend: Backend) {
+    let fx = Fixture::new(backend, 1).await;
+    let store = fx.store(0);
+    let req = |key: &'static str, owner: &'static str, mode: Mode| AcquireRequest {
+        key,
+        owner,
+        lease: Duration::from_secs(10),
+        fingerprint: None,
+        mode,
+        will_wait: false,
+    };
+    let AcquireOutcome::Acquired { fence } = store.acquire(req("repeat", "me", Mode::Param)).await.unwrap() else {
+        panic!("not acquired")
+    };
+    assert_eq!(store.acquire(req("repeat", "me", Mode::Param)).await.unwrap(), AcquireOutcome::Acquired { fence });
+    assert!(matches!(
+        store.acquire(req("repeat", "other", Mode::Param)).await.unwrap(),
+        AcquireOutcome::InProgress { .. }
+    ));
+    let lease = [Lease { key: "repeat", owner: "me", lease: Duration::from_secs(10) }];
+    assert_eq!(store.renew(&lease).await.unwrap(), vec![true]);
+    assert_eq!(store.renew(&lease).await.unwrap(), vec![true]);
+    let commit = CommitRequest {
+        key: "repeat",
+        owner: "me",
+        fence,
+        keep: Duration::from_secs(60),
+        result: Some(b"1"),
+        fingerprint: None,
+    };
+    assert_eq!(store.commit(commit).await.unwrap(), Transition::Done);
+    assert_eq!(store.commit(commit).await.unwrap(), Transition::Done);
+    assert_eq!(store.commit(CommitRequest { owner: "other", ..commit }).await.unwrap(), Transition::Lost);
+    assert_eq!(store.release("repeat", "other").await.unwrap(), Transition::Lost);
+    // Renewing a completed key is refused: it is not in progress any more.
+    assert_eq!(store.renew(&lease).await.unwrap(), vec![false]);
+
+    let AcquireOutcome::Acquired { .. } = store.acquire(req("released", "me", Mode::Param)).await.unwrap() else {
+        panic!("not acquired")
+    };
+    assert_eq!(store.release("released", "me").await.unwrap(), Transition::Done);
+    assert_eq!(store.release("released", "me").await.unwrap(), Transition::Done);
+    assert!(matches!(
+        store.acquire(req("released", "other", Mode::Param)).await.unwrap(),
+        AcquireOutcome::Acquired { .. }
+    ));
+
+    // Token mode: a repeated acquire keeps the token held; a repeated release leaves it ISSUED.
+    assert!(store.issue_token("token:t1", Duration::from_secs(60)).await.unwrap());
+    assert!(!store.issue_token("token:t1", Duration::from_secs(60)).await.unwrap(), "a token was issued twice");
+    let AcquireOutcome::Acquired { fence } = store.acquire(req("token:t1", "me", Mode::Token)).await.unwrap() else {
+        panic!("token not acquired")
+    };
+    assert_eq!(store.acquire(req("token:t1", "me", Mode::Token)).await.unwrap(), AcquireOutcome::Acquired { fence });
+    assert_eq!(store.release("token:t1", "me").await.unwrap(), Transition::Done);
+    assert_eq!(store.release("token:t1", "me").await.unwrap(), Transition::Done);
+    let AcquireOutcome::Acquired { fence: again } = store.acquire(req("token:t1", "other", Mode::Token)).await.unwrap()
+    else {
+        panic!("released token not usable")
+    };
+    assert!(again > fence);
 }

@@ -292,7 +292,9 @@ impl Idempotency {
         };
         match watchdog.drive(held.sent, caught).await {
             Driven::Lost(reason) => {
-                guard.release().await;
+                // Released in the background: the store may be what failed, and the caller
+                // should hear of the loss now, not after the store's timeout.
+                drop(guard);
                 Err(Error::LeaseLost { key: held.key.clone(), reason }.into())
             }
             Driven::Finished(Err(panic)) => {
