@@ -35,11 +35,23 @@ struct Inner {
     key: String,
     fence: u64,
     lost: AtomicBool,
+    /// Wakes the call when the lease is lost.
+    on_lost: tokio::sync::Notify,
+    /// What showed the loss.
+    reason: std::sync::OnceLock<&'static str>,
 }
 
 impl CallContext {
     pub(crate) fn new(key: String, fence: u64) -> Self {
-        CallContext { inner: Arc::new(Inner { key, fence, lost: AtomicBool::new(false) }) }
+        CallContext {
+            inner: Arc::new(Inner {
+                key,
+                fence,
+                lost: AtomicBool::new(false),
+                on_lost: tokio::sync::Notify::new(),
+                reason: std::sync::OnceLock::new(),
+            }),
+        }
     }
 
     /// The context of the guarded call whose body is running on this task, if any. (A task the
@@ -65,8 +77,20 @@ impl CallContext {
         self.inner.lost.load(Ordering::Acquire)
     }
 
-    pub(crate) fn mark_lost(&self) {
+    pub(crate) fn mark_lost(&self, reason: &'static str) {
+        let _ = self.inner.reason.set(reason);
         self.inner.lost.store(true, Ordering::Release);
+        self.inner.on_lost.notify_one();
+    }
+
+    /// Resolves once the lease is known lost, with what showed it.
+    pub(crate) async fn lost(&self) -> &'static str {
+        loop {
+            if self.is_lease_lost() {
+                return self.inner.reason.get().copied().unwrap_or("lease lost");
+            }
+            self.inner.on_lost.notified().await;
+        }
     }
 
     /// Runs `fut` with this context as the current one.

@@ -17,7 +17,7 @@ use crate::context::CallContext;
 use crate::error::{Error, StoreError, StoreErrorKind};
 use crate::ids;
 use crate::store::{AcquireOutcome, AcquireRequest, CommitRequest, Store, Transition, Watcher};
-use crate::watchdog::{Driven, Watchdog};
+use crate::watchdog::Watchdog;
 
 /// The default lease.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
@@ -57,6 +57,7 @@ pub struct Idempotency {
 
 struct Inner {
     store: Arc<dyn Store>,
+    watchdog: Watchdog,
     ttl: Duration,
     keep: Duration,
     max_result_bytes: usize,
@@ -117,6 +118,7 @@ impl Idempotency {
     pub fn builder_shared(store: Arc<dyn Store>) -> IdempotencyBuilder {
         IdempotencyBuilder {
             inner: Inner {
+                watchdog: Watchdog::new(store.clone()),
                 store,
                 ttl: DEFAULT_TTL,
                 keep: DEFAULT_KEEP,
@@ -281,21 +283,24 @@ impl Idempotency {
             })
             .await
         };
-        let watchdog = Watchdog {
-            store: &*self.inner.store,
-            key: &held.key,
-            owner: &held.owner,
-            lease: held.lease,
-            renew: call.renew,
-            abort: call.abort_on_lease_lost,
-            context: &context,
+        let registration =
+            self.inner.watchdog.register(&held.key, &held.owner, held.lease, call.renew, held.sent, context.clone());
+        let driven = if call.abort_on_lease_lost {
+            tokio::select! {
+                biased;
+                out = caught => Driven::Finished(out),
+                reason = context.lost() => Driven::Lost(reason),
+            }
+        } else {
+            Driven::Finished(caught.await)
         };
-        match watchdog.drive(held.sent, caught).await {
+        drop(registration);
+        match driven {
             Driven::Lost(reason) => {
                 // Released in the background: the store may be what failed, and the caller
                 // should hear of the loss now, not after the store's timeout.
                 drop(guard);
-                Err(Error::LeaseLost { key: held.key.clone(), reason }.into())
+                Err(Error::LeaseLost { key: held.key.clone(), reason: reason.to_owned() }.into())
             }
             Driven::Finished(Err(panic)) => {
                 guard.release().await;
@@ -358,6 +363,13 @@ impl Idempotency {
         }
         false
     }
+}
+
+/// How a body ended.
+enum Driven<T> {
+    Finished(T),
+    /// The lease was lost and the call aborts: the body was dropped.
+    Lost(&'static str),
 }
 
 /// A key this call holds.

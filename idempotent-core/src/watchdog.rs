@@ -1,35 +1,30 @@
-//! The watchdog: renews a held lease every `lease / 3` beside the body, in the body's own task,
-//! and tells when the lease is lost, by the store's word or by a local monotonic deadline.
+//! The watchdog: one per runtime, it keeps the leases of all the runtime's calls in flight.
+//!
+//! Each call registers its lease when it acquires a key and deregisters when its body ends. A
+//! single renewal loop renews every lease that is a third of a lease old, batching all leases
+//! due within a short window into one script call (per hash slot), and marks a lease lost when
+//! the store says so or when its local deadline passes without a confirmed renewal. The local
+//! deadline is the time the last confirmed renewal was *sent*, plus the lease, minus a margin,
+//! on the monotonic clock: a slow reply can only make it early, never late.
+//!
+//! The loop is a task of the runtime's own, started on the first registration and ending when
+//! no lease is left (or the runtime is dropped); a call costs no timer and no task of its own,
+//! and a call shorter than a third of its lease costs no renewal at all.
 
-use std::future::Future;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::context::CallContext;
 use crate::error::StoreError;
-use crate::store::{BoxFuture, Lease, Store};
+use crate::store::{Lease, Store};
 
-/// How a guarded body ended.
-pub(crate) enum Driven<T> {
-    /// The body finished.
-    Finished(T),
-    /// The lease was lost and the call aborts: the body was dropped.
-    Lost(String),
-}
-
-/// Keeps one lease alive while a body runs.
-pub(crate) struct Watchdog<'a> {
-    pub(crate) store: &'a dyn Store,
-    pub(crate) key: &'a str,
-    pub(crate) owner: &'a str,
-    pub(crate) lease: Duration,
-    /// Renew at all (a call may opt out, and then the lease bounds the body).
-    pub(crate) renew: bool,
-    /// Drop the body once the lease is lost.
-    pub(crate) abort: bool,
-    pub(crate) context: &'a CallContext,
-}
+/// The most leases one renewal script call carries.
+const BATCH: usize = 200;
 
 /// The part of a lease kept back from the local deadline: a renewal must be confirmed this
 /// long before the lease would end on the server.
@@ -37,69 +32,256 @@ fn safety_margin(lease: Duration) -> Duration {
     lease / 10
 }
 
-type Renewal<'a> = (Instant, BoxFuture<'a, Result<Vec<bool>, StoreError>>);
+/// How long a lease is renewed after it falls due, at most, to share a script call with
+/// others: a sixth of the lease, so renewals happen between a third and half of the lease.
+fn coalesce(lease: Duration) -> Duration {
+    lease / 6
+}
 
-/// The reply of the renewal in flight, if one is; pending otherwise.
-async fn reply(inflight: &mut Option<Renewal<'_>>) -> (Instant, Result<Vec<bool>, StoreError>) {
-    match inflight {
-        Some((sent, fut)) => (*sent, fut.await),
-        None => std::future::pending().await,
+/// A runtime's watchdog.
+pub(crate) struct Watchdog {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    store: Arc<dyn Store>,
+    registry: Mutex<Registry>,
+    wake: Notify,
+}
+
+#[derive(Default)]
+struct Registry {
+    leases: HashMap<u64, Entry>,
+    next_id: u64,
+    /// The renewal loop is running.
+    running: bool,
+    /// When the loop will next look, if it sleeps.
+    next_look: Option<Instant>,
+}
+
+struct Entry {
+    key: String,
+    owner: String,
+    lease: Duration,
+    renew: bool,
+    /// When the last confirmed renewal (or the acquire) was sent.
+    last_sent: Instant,
+    /// Local deadline: past it without a confirmed renewal, the lease counts as lost.
+    deadline: Instant,
+    inflight: bool,
+    /// After a failed renewal: not retried before this.
+    retry_at: Instant,
+    lost: bool,
+    context: CallContext,
+}
+
+impl Entry {
+    fn due(&self) -> Instant {
+        (self.last_sent + self.lease / 3).max(self.retry_at)
+    }
+
+    /// The next time the loop must look at this lease.
+    fn next_look(&self) -> Instant {
+        if self.renew && !self.inflight {
+            self.deadline.min(self.due() + coalesce(self.lease))
+        } else {
+            self.deadline
+        }
+    }
+
+    fn mark_lost(&mut self, reason: &'static str) {
+        self.lost = true;
+        tracing::warn!(key = %self.key, reason, "idempotency lease lost while the body runs");
+        self.context.mark_lost(reason);
     }
 }
 
-impl Watchdog<'_> {
-    /// Runs `body` to its end (or until the lease is lost, when aborting), renewing the lease
-    /// acquired by a request sent at `sent`. The lease counts from when a request was *sent*,
-    /// so a slow reply can only make the local deadline early, never late.
-    pub(crate) async fn drive<F: Future>(&self, sent: Instant, body: F) -> Driven<F::Output> {
-        let interval = self.lease / 3;
-        let keep_back = self.lease - safety_margin(self.lease);
-        let leases = [Lease { key: self.key, owner: self.owner, lease: self.lease }];
-        let mut inflight: Option<Renewal<'_>> = None;
-        let mut lost = false;
-        let expiry = tokio::time::sleep_until(sent + keep_back);
-        let tick = tokio::time::sleep_until(sent + interval);
-        tokio::pin!(body, expiry, tick);
-        loop {
-            tokio::select! {
-                biased;
-                out = &mut body => return Driven::Finished(out),
-                (sent, result) = reply(&mut inflight) => {
-                    inflight = None;
-                    match result {
-                        Ok(renewed) if renewed.first() == Some(&true) => {
-                            expiry.as_mut().reset(sent + keep_back);
-                            tick.as_mut().reset(sent + interval);
-                        }
-                        Ok(_) => {
-                            lost = true;
-                            if let Some(reason) = self.lost("the record expired or another owner holds it") {
-                                return Driven::Lost(reason);
-                            }
-                        }
-                        Err(e) => {
-                            tracing::warn!(key = self.key, error = %e, "idempotency lease renewal failed; retrying");
-                            tick.as_mut().reset(Instant::now() + (interval / 2).max(Duration::from_millis(1)));
-                        }
-                    }
+/// One call's registration; deregisters when dropped.
+pub(crate) struct Registration {
+    shared: Arc<Shared>,
+    id: u64,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.shared.lock().leases.remove(&self.id);
+    }
+}
+
+/// What to renew in one script call: lease ids with owned keys and owners.
+struct Batch {
+    ids: Vec<u64>,
+    leases: Vec<(String, String, Duration)>,
+}
+
+/// What came back for a batch.
+struct Renewed {
+    sent: Instant,
+    ids: Vec<u64>,
+    result: Result<Vec<bool>, StoreError>,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Registry> {
+        self.registry.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Watchdog {
+    pub(crate) fn new(store: Arc<dyn Store>) -> Self {
+        Watchdog { shared: Arc::new(Shared { store, registry: Mutex::default(), wake: Notify::new() }) }
+    }
+
+    /// Registers a lease acquired by a request sent at `sent`; it is kept (renewed, if `renew`)
+    /// until the registration is dropped, and `context` is marked when it is lost.
+    pub(crate) fn register(
+        &self,
+        key: &str,
+        owner: &str,
+        lease: Duration,
+        renew: bool,
+        sent: Instant,
+        context: CallContext,
+    ) -> Registration {
+        let entry = Entry {
+            key: key.to_owned(),
+            owner: owner.to_owned(),
+            lease,
+            renew,
+            last_sent: sent,
+            deadline: sent + lease - safety_margin(lease),
+            inflight: false,
+            retry_at: sent,
+            lost: false,
+            context,
+        };
+        let look = entry.next_look();
+        let (id, start, wake) = {
+            let mut reg = self.shared.lock();
+            let id = reg.next_id;
+            reg.next_id += 1;
+            reg.leases.insert(id, entry);
+            let start = !reg.running;
+            reg.running = true;
+            // Wake the loop only if this lease needs it earlier than it planned to look.
+            let wake = !start && reg.next_look.is_none_or(|planned| look < planned);
+            (id, start, wake)
+        };
+        if start {
+            tokio::spawn(renewal_loop(Arc::downgrade(&self.shared)));
+        } else if wake {
+            self.shared.wake.notify_one();
+        }
+        Registration { shared: self.shared.clone(), id }
+    }
+}
+
+/// Clears `running` when the loop ends, also when its runtime shuts down and drops it, so the
+/// next registration starts a new loop.
+struct Running(Weak<Shared>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(shared) = self.0.upgrade() {
+            let mut reg = shared.lock();
+            reg.running = false;
+            reg.next_look = None;
+        }
+    }
+}
+
+async fn renewal_loop(weak: Weak<Shared>) {
+    let _running = Running(weak.clone());
+    let mut inflight: JoinSet<Renewed> = JoinSet::new();
+    loop {
+        let Some(shared) = weak.upgrade() else { return };
+        let now = Instant::now();
+        let mut batches: Vec<Batch> = Vec::new();
+        let next = {
+            let mut reg = shared.lock();
+            if reg.leases.is_empty() && inflight.is_empty() {
+                reg.running = false;
+                reg.next_look = None;
+                return;
+            }
+            let mut next: Option<Instant> = None;
+            for (&id, e) in reg.leases.iter_mut().filter(|(_, e)| !e.lost) {
+                if now >= e.deadline {
+                    e.mark_lost("no renewal was confirmed before the lease ran out");
+                    continue;
                 }
-                () = &mut tick, if self.renew && inflight.is_none() && !lost => {
-                    inflight = Some((Instant::now(), self.store.renew(&leases)));
-                }
-                () = &mut expiry, if !lost => {
-                    lost = true;
-                    if let Some(reason) = self.lost("no renewal was confirmed before the lease ran out") {
-                        return Driven::Lost(reason);
+                if e.renew && !e.inflight && now >= e.due() {
+                    e.inflight = true;
+                    if batches.last().is_none_or(|b| b.ids.len() >= BATCH) {
+                        batches.push(Batch { ids: Vec::new(), leases: Vec::new() });
                     }
+                    let batch = batches.last_mut().expect("just pushed");
+                    batch.ids.push(id);
+                    batch.leases.push((e.key.clone(), e.owner.clone(), e.lease));
+                }
+                let look = e.next_look();
+                next = Some(next.map_or(look, |n| n.min(look)));
+            }
+            reg.next_look = next;
+            next
+        };
+        for batch in batches {
+            let store = shared.store.clone();
+            inflight.spawn(async move {
+                let sent = Instant::now();
+                let leases: Vec<Lease<'_>> =
+                    batch.leases.iter().map(|(key, owner, lease)| Lease { key, owner, lease: *lease }).collect();
+                let result = store.renew(&leases).await;
+                Renewed { sent, ids: batch.ids, result }
+            });
+        }
+        let wake = async {
+            match next {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = wake => {}
+            () = shared.wake.notified() => {}
+            Some(done) = inflight.join_next() => {
+                if let Ok(renewed) = done {
+                    apply(&shared, renewed);
                 }
             }
         }
     }
+}
 
-    /// Records a lost lease; returns the reason when the call aborts.
-    fn lost(&self, reason: &str) -> Option<String> {
-        self.context.mark_lost();
-        tracing::warn!(key = self.key, reason, abort = self.abort, "idempotency lease lost while the body runs");
-        self.abort.then(|| reason.to_owned())
+/// Records a batch's outcome: confirmed leases move their deadline, refused ones are lost,
+/// and on a store error they stay due, to be retried on the next look.
+fn apply(shared: &Shared, renewed: Renewed) {
+    let mut reg = shared.lock();
+    match renewed.result {
+        Ok(flags) => {
+            for (id, ok) in renewed.ids.iter().zip(flags) {
+                let Some(e) = reg.leases.get_mut(id) else { continue };
+                e.inflight = false;
+                if e.lost {
+                    continue;
+                }
+                if ok {
+                    e.last_sent = renewed.sent;
+                    e.deadline = renewed.sent + e.lease - safety_margin(e.lease);
+                } else {
+                    e.mark_lost("the record expired or another owner holds it");
+                }
+            }
+        }
+        Err(error) => {
+            tracing::warn!(%error, leases = renewed.ids.len(), "idempotency lease renewal failed; retrying");
+            let now = Instant::now();
+            for id in &renewed.ids {
+                if let Some(e) = reg.leases.get_mut(id) {
+                    e.inflight = false;
+                    e.retry_at = now + (e.lease / 20).max(Duration::from_millis(5));
+                }
+            }
+        }
     }
 }
