@@ -12,7 +12,7 @@
 -- Returns
 --   {'acquired', fence}
 --   {'progress', fingerprint, lease_left_ms}
---   {'completed', fingerprint, replayable (1 or 0), result}
+--   {'completed', fingerprint, replayable (1 or 0), result, kept_for_ms}
 --   {'invalid'}                 token mode: never issued, expired, or used and forgotten
 --   {'corrupt', reason}
 local key, owner, lease, fp, mode = KEYS[1], ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
@@ -41,10 +41,11 @@ end
 
 if rec.s == 'C' then
   local result = redis.call('HGET', key, 'r')
+  local kept_for = redis.call('PTTL', key)
   if result then
-    return { 'completed', rec.f or '', 1, result }
+    return { 'completed', rec.f or '', 1, result, kept_for }
   end
-  return { 'completed', rec.f or '', 0, '' }
+  return { 'completed', rec.f or '', 0, '', kept_for }
 end
 
 if rec.s == 'P' then

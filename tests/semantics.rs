@@ -84,6 +84,7 @@ suite!(
     keep_zero_makes_a_mutex,
     oversized_result_is_completed_but_not_replayable,
     transitions_are_safe_to_repeat,
+    replay_cache_answers_locally_and_respects_keep,
 );
 
 /// 100 callers on one key through 4 separate clients: one body runs; every other caller gets
@@ -732,4 +733,36 @@ async fn transitions_are_safe_to_repeat(backend: Backend) {
         panic!("released token not usable")
     };
     assert!(again > fence);
+}
+
+/// With the replay cache on, a completed result is answered from this process: it survives the
+/// record's deletion from the store (proof that no store call was made), never covers a key in
+/// progress, and expires with `keep`.
+async fn replay_cache_answers_locally_and_respects_keep(backend: Backend) {
+    let fx = Fixture::new(backend, 1).await;
+    let cached = fx.idem_with(0, |b| b.replay_cache(1000));
+    let runs = counter();
+    let body = |runs: Arc<AtomicUsize>| {
+        move || async move {
+            tokio::time::sleep(ms(200)).await;
+            R::Ok(runs.fetch_add(1, SeqCst) as u32 + 1)
+        }
+    };
+    let call = || Call::new("hot").keep(ms(1500));
+    // In progress: not cached, a duplicate conflicts.
+    let c = cached.clone();
+    let first = tokio::spawn({
+        let runs = runs.clone();
+        async move { c.run(call(), body(runs)).await }
+    });
+    tokio::time::sleep(ms(50)).await;
+    assert!(matches!(cached.run(call(), body(runs.clone())).await, Err(AppError::Idem(Error::Conflict { .. }))));
+    assert_eq!(first.await.unwrap().unwrap(), 1);
+    fx.delete_record(&call().full_key());
+    assert_eq!(cached.run(call(), body(runs.clone())).await.unwrap(), 1, "not answered from the cache");
+    // A runtime without the cache sees the deleted record and runs the body.
+    assert_eq!(fx.idem(0).run(call(), body(runs.clone())).await.unwrap(), 2);
+    tokio::time::sleep(ms(1700)).await;
+    let after = cached.run(call(), body(runs.clone())).await.unwrap();
+    assert_eq!(after, 3, "a cached result outlived its keep");
 }

@@ -33,6 +33,7 @@
 
 #![warn(missing_docs)]
 
+mod cache;
 mod call;
 mod codec;
 mod context;

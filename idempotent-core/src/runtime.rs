@@ -11,6 +11,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::time::Instant;
 
+use crate::cache::ReplayCache;
 use crate::call::{Call, OnConflict, OnDuplicate};
 use crate::codec::{self, Encoded};
 use crate::context::CallContext;
@@ -58,6 +59,7 @@ pub struct Idempotency {
 struct Inner {
     store: Arc<dyn Store>,
     watchdog: Watchdog,
+    cache: Option<ReplayCache>,
     ttl: Duration,
     keep: Duration,
     max_result_bytes: usize,
@@ -97,6 +99,17 @@ impl IdempotencyBuilder {
         self
     }
 
+    /// Keeps up to `capacity` completed results in this process, so that a duplicate of a
+    /// recently completed call is answered without a round trip to the store (default: off).
+    ///
+    /// Only completed results are cached, never a key in progress, and an entry lives no longer
+    /// than the record it copies (`keep`). What it gives up: a record deleted from the store by
+    /// hand stays replayable from this process's cache until its `keep` runs out.
+    pub fn replay_cache(mut self, capacity: usize) -> Self {
+        self.inner.cache = (capacity > 0).then(|| ReplayCache::new(capacity));
+        self
+    }
+
     /// The runtime.
     pub fn build(self) -> Idempotency {
         Idempotency { inner: Arc::new(self.inner) }
@@ -119,6 +132,7 @@ impl Idempotency {
         IdempotencyBuilder {
             inner: Inner {
                 watchdog: Watchdog::new(store.clone()),
+                cache: None,
                 store,
                 ttl: DEFAULT_TTL,
                 keep: DEFAULT_KEEP,
@@ -196,6 +210,10 @@ impl Idempotency {
         let key = call.full_key();
         let lease = call.ttl.unwrap_or(self.inner.ttl);
         let fingerprint = call.validate(&key, lease)?;
+        if let Some(hit) = self.inner.cache.as_ref().and_then(|c| c.get(&key)) {
+            check_fingerprint(&key, hit.fingerprint.as_deref(), fingerprint.as_deref())?;
+            return replay(&key, call.on_duplicate, Some(&hit.result)).map_err(E::from);
+        }
         let owner = ids::owner_id();
         let store = &*self.inner.store;
         let started = Instant::now();
@@ -213,9 +231,12 @@ impl Idempotency {
             let found = store.acquire(request).await.map_err(|source| Error::Store { key: key.clone(), source })?;
             let held = match found {
                 AcquireOutcome::Acquired { fence } => fence,
-                AcquireOutcome::Completed { fingerprint: theirs, result } => {
+                AcquireOutcome::Completed { fingerprint: theirs, result, kept_for } => {
                     check_fingerprint(&key, theirs.as_deref(), fingerprint.as_deref())?;
-                    return replay(&key, call.on_duplicate, result).map_err(E::from);
+                    if let (Some(cache), Some(bytes)) = (&self.inner.cache, &result) {
+                        cache.put(&key, theirs.as_deref(), bytes, kept_for);
+                    }
+                    return replay(&key, call.on_duplicate, result.as_deref()).map_err(E::from);
                 }
                 AcquireOutcome::InProgress { fingerprint: theirs, lease_left } => {
                     check_fingerprint(&key, theirs.as_deref(), fingerprint.as_deref())?;
@@ -330,11 +351,12 @@ impl Idempotency {
                 None
             }
         };
+        let keep = call.keep.unwrap_or(self.inner.keep);
         let request = CommitRequest {
             key: &held.key,
             owner: &held.owner,
             fence: held.fence,
-            keep: call.keep.unwrap_or(self.inner.keep),
+            keep,
             result,
             fingerprint: held.fingerprint.as_deref(),
         };
@@ -342,7 +364,12 @@ impl Idempotency {
         let mut backoff = Duration::from_millis(25);
         for attempt in 1..=3 {
             match self.inner.store.commit(request).await {
-                Ok(Transition::Done) => return true,
+                Ok(Transition::Done) => {
+                    if let (Some(cache), Some(bytes)) = (&self.inner.cache, result) {
+                        cache.put(&held.key, held.fingerprint.as_deref(), bytes, keep);
+                    }
+                    return true;
+                }
                 Ok(Transition::Lost) => {
                     tracing::warn!(key = %held.key, "idempotency result not stored: another owner holds the key");
                     return false;
@@ -434,10 +461,10 @@ fn check_fingerprint(key: &str, theirs: Option<&str>, ours: Option<&str>) -> Res
 }
 
 /// What a call on a completed key returns.
-fn replay<T: DeserializeOwned>(key: &str, policy: OnDuplicate, result: Option<Vec<u8>>) -> Result<T, Error> {
+fn replay<T: DeserializeOwned>(key: &str, policy: OnDuplicate, result: Option<&[u8]>) -> Result<T, Error> {
     match (policy, result) {
         (OnDuplicate::Replay, Some(bytes)) => {
-            codec::decode(&bytes).map_err(|message| Error::Codec { key: key.to_owned(), message })
+            codec::decode(bytes).map_err(|message| Error::Codec { key: key.to_owned(), message })
         }
         (_, result) => Err(Error::Duplicate { key: key.to_owned(), replayable: result.is_some() }),
     }

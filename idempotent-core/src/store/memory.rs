@@ -134,7 +134,11 @@ impl MemoryStore {
                 return AcquireOutcome::Acquired { fence: rec.fence }
             }
             Phase::Completed => {
-                return AcquireOutcome::Completed { fingerprint: rec.fingerprint.clone(), result: rec.result.clone() }
+                return AcquireOutcome::Completed {
+                    fingerprint: rec.fingerprint.clone(),
+                    result: rec.result.clone(),
+                    kept_for: rec.expires_at.saturating_duration_since(now),
+                }
             }
             Phase::InProgress => {
                 let until = rec.lease_until.unwrap_or(rec.expires_at);

@@ -80,6 +80,9 @@ pub enum AcquireOutcome {
         fingerprint: Option<String>,
         /// The stored result, or `None` when it is not replayable.
         result: Option<Vec<u8>>,
+        /// How much longer the record is kept (zero if unknown); bounds how long a copy of
+        /// the result may be cached.
+        kept_for: Duration,
     },
     /// Token mode: no token record at this key.
     InvalidToken,

@@ -56,7 +56,13 @@ pub(crate) fn acquire(reply: Value) -> Result<AcquireOutcome, StoreError> {
                 Some(Value::Bytes(b)) => b.to_vec(),
                 _ => return Err(bad()),
             };
-            AcquireOutcome::Completed { fingerprint: fingerprint(items.get(1)), result: replayable.then_some(result) }
+            // -1 (no expiry) or absent: not cacheable.
+            let kept_for = Duration::from_millis(items.get(4).and_then(int).unwrap_or(0).max(0) as u64);
+            AcquireOutcome::Completed {
+                fingerprint: fingerprint(items.get(1)),
+                result: replayable.then_some(result),
+                kept_for,
+            }
         }
         "invalid" => AcquireOutcome::InvalidToken,
         "corrupt" => AcquireOutcome::Corrupt { reason: items.get(1).and_then(text).unwrap_or_default() },

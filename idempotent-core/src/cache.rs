@@ -1,0 +1,104 @@
+//! The replay cache: an optional, bounded, in-process copy of completed results, so a hot
+//! duplicate is answered without a round trip. It never holds a key in progress, and an entry
+//! lives no longer than the record it copies (`keep`).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+const SHARDS: usize = 16;
+
+/// A completed result as cached.
+#[derive(Clone)]
+pub(crate) struct Cached {
+    pub(crate) fingerprint: Option<Arc<str>>,
+    pub(crate) result: Arc<[u8]>,
+    expires_at: Instant,
+}
+
+pub(crate) struct ReplayCache {
+    shards: Vec<Mutex<Shard>>,
+}
+
+struct Shard {
+    map: HashMap<String, Cached>,
+    /// Insertion order, for eviction (first in, first out).
+    order: VecDeque<String>,
+    capacity: usize,
+}
+
+impl ReplayCache {
+    /// A cache of about `capacity` entries (at least one per shard).
+    pub(crate) fn new(capacity: usize) -> Self {
+        let per_shard = capacity.div_ceil(SHARDS).max(1);
+        let shards = (0..SHARDS)
+            .map(|_| Mutex::new(Shard { map: HashMap::new(), order: VecDeque::new(), capacity: per_shard }))
+            .collect();
+        ReplayCache { shards }
+    }
+
+    fn shard(&self, key: &str) -> std::sync::MutexGuard<'_, Shard> {
+        let h = key.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+        self.shards[(h as usize) % SHARDS].lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn get(&self, key: &str) -> Option<Cached> {
+        let mut shard = self.shard(key);
+        match shard.map.get(key) {
+            Some(c) if c.expires_at > Instant::now() => Some(c.clone()),
+            Some(_) => {
+                shard.map.remove(key);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Caches a completed result for at most `kept_for` (the record's remaining life).
+    pub(crate) fn put(&self, key: &str, fingerprint: Option<&str>, result: &[u8], kept_for: Duration) {
+        if kept_for.is_zero() {
+            return;
+        }
+        let entry = Cached {
+            fingerprint: fingerprint.map(Arc::from),
+            result: Arc::from(result),
+            expires_at: Instant::now() + kept_for,
+        };
+        let mut shard = self.shard(key);
+        if shard.map.insert(key.to_owned(), entry).is_none() {
+            shard.order.push_back(key.to_owned());
+        }
+        while shard.map.len() > shard.capacity {
+            let Some(oldest) = shard.order.pop_front() else { break };
+            shard.map.remove(&oldest);
+        }
+        // Keys removed on expiry stay queued; drop them once the queue doubles the map.
+        if shard.order.len() > 2 * shard.capacity {
+            let Shard { map, order, .. } = &mut *shard;
+            order.retain(|k| map.contains_key(k));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounded_and_expiring() {
+        let cache = ReplayCache::new(32);
+        for i in 0..1000 {
+            cache.put(&format!("k{i}"), None, b"1", Duration::from_secs(60));
+        }
+        let live = (0..1000).filter(|i| cache.get(&format!("k{i}")).is_some()).count();
+        assert!(live <= 32 + SHARDS, "{live} entries kept");
+        assert!(cache.get("k999").is_some(), "the newest entry was evicted");
+        cache.put("short", None, b"1", Duration::from_millis(1));
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(cache.get("short").is_none(), "an entry outlived its record");
+        cache.put("never", None, b"1", Duration::ZERO);
+        assert!(cache.get("never").is_none());
+    }
+}
