@@ -16,56 +16,50 @@
 --   {'invalid'}                 token mode: never issued, expired, or used and forgotten
 --   {'corrupt', reason}
 local key, owner, lease, fp, mode = KEYS[1], ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
-local now = now_us()
-local now_ms = math.floor(now / 1000)
 local rec, why = load(key)
 if rec == false then
   return { 'corrupt', why }
 end
+if rec and rec.s == 'P' and rec.o == owner then
+  return { 'acquired', tonumber(rec.n) }
+end
+if rec and rec.s == 'C' then
+  local kept_for = redis.call('PTTL', key)
+  if rec.r ~= '' then
+    return { 'completed', rec.f, 1, rec.r, kept_for }
+  end
+  return { 'completed', rec.f, 0, '', kept_for }
+end
 
+local now = now_us()
+local now_ms = math.floor(now / 1000)
 if rec == nil then
   if mode == 't' then
     return { 'invalid' }
   end
-  redis.call('HSET', key, 's', 'P', 'o', owner, 'n', int(now))
-  if fp ~= '' then
-    redis.call('HSET', key, 'f', fp)
-  end
-  redis.call('PEXPIRE', key, lease)
+  redis.call('SET', key, encode({ s = 'P', n = int(now), o = owner, f = fp }), 'PX', lease)
   return { 'acquired', now }
-end
-
-if rec.s == 'P' and rec.o == owner then
-  return { 'acquired', tonumber(rec.n) }
-end
-
-if rec.s == 'C' then
-  local result = redis.call('HGET', key, 'r')
-  local kept_for = redis.call('PTTL', key)
-  if result then
-    return { 'completed', rec.f or '', 1, result, kept_for }
-  end
-  return { 'completed', rec.f or '', 0, '', kept_for }
 end
 
 if rec.s == 'P' then
   local left
-  if rec.l then
+  if rec.l ~= '' then
     left = tonumber(rec.l) - now_ms
   else
     left = redis.call('PTTL', key)
   end
   -- A token whose holder's lease ran out is ISSUED again; anything else is held.
-  if not (rec.te and left <= 0) then
-    if ARGV[5] == '1' and not rec.w then
-      redis.call('HSET', key, 'w', '1')
+  if not (rec.te ~= '' and left <= 0) then
+    if ARGV[5] == '1' and rec.w ~= '1' then
+      rec.w = '1'
+      redis.call('SET', key, encode(rec), 'KEEPTTL')
     end
-    return { 'progress', rec.f or '', math.max(left, 0) }
+    return { 'progress', rec.f, math.max(left, 0) }
   end
 end
 
 -- ISSUED (or a token whose holder's lease ran out): flip to IN_PROGRESS.
-if not rec.te then
+if rec.te == '' then
   return { 'corrupt', 'holds an issued token with no expiry' }
 end
 if mode ~= 't' then
@@ -77,11 +71,6 @@ if te <= now_ms then
   return { 'invalid' }
 end
 local fence = math.max((tonumber(rec.n) or 0) + 1, now)
-redis.call('HSET', key, 's', 'P', 'o', owner, 'n', int(fence), 'l', int(now_ms + lease))
-if fp ~= '' then
-  redis.call('HSET', key, 'f', fp)
-else
-  redis.call('HDEL', key, 'f')
-end
-redis.call('PEXPIREAT', key, math.max(te, now_ms + lease))
+rec.s, rec.n, rec.o, rec.f, rec.l = 'P', int(fence), owner, fp, int(now_ms + lease)
+redis.call('SET', key, encode(rec), 'PXAT', math.max(te, now_ms + lease))
 return { 'acquired', fence }

@@ -1,6 +1,7 @@
 -- commit.lua: IN_PROGRESS -> COMPLETED with the result, only for the owner holding the key.
 -- If the key is gone (the lease ran out and nobody took it), the result is recorded anyway:
--- the body ran, and a duplicate must not run it again. Committing twice is 'ok' twice.
+-- the body ran, and a duplicate must not run it again. Committing twice is 'ok' twice (a
+-- completed record with this acquisition's fence is this commit's).
 -- KEYS[1]  the record
 -- ARGV[1]  owner id
 -- ARGV[2]  keep: how long the completed record lives, in milliseconds (0: delete it now)
@@ -15,24 +16,25 @@ if rec == false then
   return { 'corrupt', why }
 end
 if rec ~= nil then
-  if rec.o ~= owner or rec.s == 'I' then
+  if rec.s == 'C' then
+    if rec.n == ARGV[6] then
+      return { 'ok' }
+    end
     return { 'lost' }
   end
-  if rec.s == 'C' then
-    return { 'ok' }
+  if rec.s ~= 'P' or rec.o ~= owner then
+    return { 'lost' }
   end
 end
 
-redis.call('DEL', key)
 if keep > 0 then
-  redis.call('HSET', key, 's', 'C', 'o', owner, 'n', ARGV[6])
-  if ARGV[5] ~= '' then
-    redis.call('HSET', key, 'f', ARGV[5])
-  end
+  local result = ''
   if ARGV[3] == '1' then
-    redis.call('HSET', key, 'r', ARGV[4])
+    result = ARGV[4]
   end
-  redis.call('PEXPIRE', key, keep)
+  redis.call('SET', key, encode({ s = 'C', n = ARGV[6], f = ARGV[5], r = result }), 'PX', keep)
+else
+  redis.call('DEL', key)
 end
 notify(key, rec, 'C')
 return { 'ok' }

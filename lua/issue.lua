@@ -2,11 +2,8 @@
 -- KEYS[1]  the record of the new token
 -- ARGV[1]  how long the token stays valid, in milliseconds
 -- Returns 1 when issued, 0 when the key already exists (the caller draws another token).
-local key, ttl = KEYS[1], tonumber(ARGV[1])
-if redis.call('EXISTS', key) == 1 then
-  return 0
+local te = math.floor(now_us() / 1000) + tonumber(ARGV[1])
+if redis.call('SET', KEYS[1], encode({ s = 'I', n = '0', te = int(te) }), 'NX', 'PXAT', te) then
+  return 1
 end
-local te = math.floor(now_us() / 1000) + ttl
-redis.call('HSET', key, 's', 'I', 'te', int(te))
-redis.call('PEXPIREAT', key, te)
-return 1
+return 0

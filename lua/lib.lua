@@ -1,15 +1,27 @@
 -- lib.lua: helpers every script starts with (the store prepends this file to each script).
 --
--- The record is one Redis hash; its fields (absent when not set):
+-- A record is one Redis string, fields joined by '|' in this order (empty when not set):
+--
+--   s|n|o|f|l|te|w|r
+--
 --   s   state: 'I' issued token, 'P' in progress, 'C' completed
---   o   owner id of the attempt holding (P) or having completed (C) the key
+--   n   fencing token of the latest acquisition (an integer, microseconds-based; 0 for a token
+--       never acquired)
+--   o   owner id of the attempt holding the key (P only)
 --   f   fingerprint of the payload the key was first used with
---   n   fencing token of the latest acquisition (an integer, microseconds-based)
---   r   the stored result (C only; absent when the result is not replayable)
---   te  token records only: when the token expires (unix ms)
---   l   token records only, while P: when the holder's lease ends (unix ms)
---   w   '1' when a caller waits for this key to change (commit/release then PUBLISH on the key's name)
--- Parameter-mode records carry their lease as the key's own expiry (PEXPIRE).
+--   l   token records while P: when the holder's lease ends (unix ms)
+--   te  token records: when the token expires (unix ms)
+--   w   '1' when a caller waits for the key to change (commit/release then PUBLISH on the
+--       key's name)
+--   r   the stored result, last so it may contain '|' (C only; empty when not replayable: a
+--       JSON result is never empty)
+--
+-- So `redis-cli GET <key>` shows a completed record as `C|1764505474123456||||||{"id":7}`.
+-- Parameter-mode records carry their lease (P) or their keep (C) as the key's own expiry.
+-- A string keeps a completed record at its result's size plus a few dozen bytes, where a hash
+-- with a result over 64 bytes would leave the compact encoding and cost hundreds.
+
+local FIELDS = { 's', 'n', 'o', 'f', 'l', 'te', 'w' }
 
 local function now_us()
   local t = redis.call('TIME')
@@ -21,26 +33,44 @@ local function int(n)
   return string.format('%.0f', n)
 end
 
+local function encode(rec)
+  return table.concat({ rec.s, rec.n, rec.o or '', rec.f or '', rec.l or '', rec.te or '', rec.w or '', rec.r or '' }, '|')
+end
+
+local function decode(v)
+  local rec, pos = {}, 1
+  for i = 1, #FIELDS do
+    local bar = string.find(v, '|', pos, true)
+    if not bar then
+      return nil
+    end
+    rec[FIELDS[i]] = string.sub(v, pos, bar - 1)
+    pos = bar + 1
+  end
+  rec.r = string.sub(v, pos)
+  return rec
+end
+
 -- The record at `key`: nil when absent, false plus a reason when the key holds something that
--- is not an idempotency record, otherwise a table of its fields (false for absent fields).
+-- is not an idempotency record, otherwise a table of its fields ('' for empty ones).
 local function load(key)
-  local t = redis.call('TYPE', key)['ok']
-  if t == 'none' then
+  local v = redis.pcall('GET', key)
+  if type(v) == 'table' and v.err then
+    return false, 'holds a Redis ' .. redis.call('TYPE', key)['ok'] .. ', not an idempotency record'
+  end
+  if not v then
     return nil
   end
-  if t ~= 'hash' then
-    return false, 'holds a Redis ' .. t .. ', not an idempotency record'
+  local rec = decode(v)
+  if not rec or (rec.s ~= 'I' and rec.s ~= 'P' and rec.s ~= 'C') or not string.match(rec.n, '^%d+$') then
+    return false, 'holds a string that is not an idempotency record'
   end
-  local f = redis.call('HMGET', key, 's', 'o', 'f', 'n', 'te', 'l', 'w')
-  if f[1] ~= 'I' and f[1] ~= 'P' and f[1] ~= 'C' then
-    return false, 'holds a hash that is not an idempotency record'
-  end
-  return { s = f[1], o = f[2], f = f[3], n = f[4], te = f[5], l = f[6], w = f[7] }
+  return rec
 end
 
 -- Publishes a change of `key` to callers waiting on it, when any said they wait.
 local function notify(key, rec, what)
-  if rec and rec.w then
+  if rec and rec.w == '1' then
     redis.call('PUBLISH', key, what)
   end
 end

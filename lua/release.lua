@@ -16,10 +16,8 @@ if rec.s ~= 'P' or rec.o ~= owner then
   return { 'lost' }
 end
 local now_ms = math.floor(now_us() / 1000)
-if rec.te and tonumber(rec.te) > now_ms then
-  redis.call('HSET', key, 's', 'I')
-  redis.call('HDEL', key, 'o', 'f', 'l', 'w')
-  redis.call('PEXPIREAT', key, tonumber(rec.te))
+if rec.te ~= '' and tonumber(rec.te) > now_ms then
+  redis.call('SET', key, encode({ s = 'I', n = rec.n, te = rec.te }), 'PXAT', tonumber(rec.te))
 else
   redis.call('DEL', key)
 end

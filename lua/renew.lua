@@ -12,11 +12,11 @@ for i, key in ipairs(KEYS) do
   local rec = load(key)
   local ok = 0
   if rec and rec.s == 'P' and rec.o == owner then
-    if rec.te then
+    if rec.te ~= '' then
       -- Token record: the lease lives in `l`; the key lives until the later of lease and token.
       if tonumber(rec.l) > now_ms then
-        redis.call('HSET', key, 'l', int(now_ms + lease))
-        redis.call('PEXPIREAT', key, math.max(tonumber(rec.te), now_ms + lease))
+        rec.l = int(now_ms + lease)
+        redis.call('SET', key, encode(rec), 'PXAT', math.max(tonumber(rec.te), now_ms + lease))
         ok = 1
       end
     else

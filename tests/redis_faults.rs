@@ -279,13 +279,14 @@ async fn record_is_readable_with_redis_cli() {
     assert_eq!(out.unwrap(), vec!["widget"]);
     let key = store.record_key("orders:42");
     assert!(key.starts_with("idem:{") && key.ends_with("}:orders:42"), "{key}");
-    let fields = server.command(&["HGETALL", &key]).unwrap();
-    let pairs: Vec<&str> = fields.lines().collect();
-    let field = |name: &str| pairs.chunks(2).find(|p| p[0] == name).map(|p| p[1]);
-    assert_eq!(field("s"), Some("C"));
-    assert_eq!(field("r"), Some(r#"["widget"]"#));
-    assert!(field("n").is_some_and(|n| n.parse::<u64>().is_ok()), "{fields}");
-    assert!(field("o").is_some(), "{fields}");
+    // s|n|o|f|l|te|w|r: completed, a fence, no owner kept, no fingerprint, the JSON result.
+    let record = server.command(&["GET", &key]).unwrap();
+    let fields: Vec<&str> = record.splitn(8, '|').collect();
+    assert_eq!(fields.len(), 8, "{record}");
+    assert_eq!(fields[0], "C", "{record}");
+    assert!(fields[1].parse::<u64>().is_ok(), "{record}");
+    assert_eq!(&fields[2..7], &["", "", "", "", ""], "{record}");
+    assert_eq!(fields[7], r#"["widget"]"#);
     let ttl: i64 = server.command(&["TTL", &key]).unwrap().parse().unwrap();
     assert!((3500..=3600).contains(&ttl), "completed record TTL {ttl}");
 }

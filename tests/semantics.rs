@@ -704,7 +704,10 @@ async fn transitions_are_safe_to_repeat(backend: Backend) {
     };
     assert_eq!(store.commit(commit).await.unwrap(), Transition::Done);
     assert_eq!(store.commit(commit).await.unwrap(), Transition::Done);
-    assert_eq!(store.commit(CommitRequest { owner: "other", ..commit }).await.unwrap(), Transition::Lost);
+    assert_eq!(
+        store.commit(CommitRequest { owner: "other", fence: fence + 1, ..commit }).await.unwrap(),
+        Transition::Lost
+    );
     assert_eq!(store.release("repeat", "other").await.unwrap(), Transition::Lost);
     // Renewing a completed key is refused: it is not in progress any more.
     assert_eq!(store.renew(&lease).await.unwrap(), vec![false]);

@@ -26,6 +26,12 @@ use crate::store::{Lease, Store};
 /// The most leases one renewal script call carries.
 const BATCH: usize = 200;
 
+/// How long the renewal loop waits with no lease before it ends.
+const LINGER: Duration = Duration::from_secs(10);
+
+/// How often an idle (or far-sighted) loop looks at the registry anyway.
+const IDLE_LOOK: Duration = Duration::from_secs(1);
+
 /// The part of a lease kept back from the local deadline: a renewal must be confirmed this
 /// long before the lease would end on the server.
 fn safety_margin(lease: Duration) -> Duration {
@@ -193,6 +199,7 @@ impl Drop for Running {
 async fn renewal_loop(weak: Weak<Shared>) {
     let _running = Running(weak.clone());
     let mut inflight: JoinSet<Renewed> = JoinSet::new();
+    let mut idle_since: Option<Instant> = None;
     loop {
         let Some(shared) = weak.upgrade() else { return };
         let now = Instant::now();
@@ -200,11 +207,20 @@ async fn renewal_loop(weak: Weak<Shared>) {
         let next = {
             let mut reg = shared.lock();
             if reg.leases.is_empty() && inflight.is_empty() {
-                reg.running = false;
-                reg.next_look = None;
-                return;
+                // Linger a while before ending: short calls come and go, and a loop per call
+                // would cost a task spawn each.
+                let since = *idle_since.get_or_insert(now);
+                if now >= since + LINGER {
+                    reg.running = false;
+                    reg.next_look = None;
+                    return;
+                }
+            } else {
+                idle_since = None;
             }
-            let mut next: Option<Instant> = None;
+            // With nothing due sooner, look again after IDLE_LOOK: a registration then wakes the
+            // loop only if its lease needs a look before that.
+            let mut next: Option<Instant> = Some(now + IDLE_LOOK);
             for (&id, e) in reg.leases.iter_mut().filter(|(_, e)| !e.lost) {
                 if now >= e.deadline {
                     e.mark_lost("no renewal was confirmed before the lease ran out");

@@ -202,10 +202,13 @@ impl MemoryStore {
             st.tick(now);
             let watched = match st.live(req.key, now) {
                 None => false,
-                Some(rec) if rec.owner.as_deref() != Some(req.owner) || rec.phase == Phase::Issued => {
+                // Completed by this acquisition (same fence): a repeated commit.
+                Some(rec) if rec.phase == Phase::Completed => {
+                    return if rec.fence == req.fence { Transition::Done } else { Transition::Lost };
+                }
+                Some(rec) if rec.phase == Phase::Issued || rec.owner.as_deref() != Some(req.owner) => {
                     return Transition::Lost
                 }
-                Some(rec) if rec.phase == Phase::Completed => return Transition::Done,
                 Some(rec) => rec.watched,
             };
             if req.keep.is_zero() {
@@ -215,7 +218,7 @@ impl MemoryStore {
                     req.key.to_owned(),
                     Record {
                         phase: Phase::Completed,
-                        owner: Some(req.owner.to_owned()),
+                        owner: None,
                         fingerprint: req.fingerprint.map(str::to_owned),
                         fence: req.fence,
                         result: req.result.map(<[u8]>::to_vec),

@@ -154,8 +154,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// IN_PROGRESS held by `owner` → COMPLETED with the result, kept for `keep` (deleted when
     /// zero). When the key is absent (the lease ran out and nobody took it) the result is
-    /// recorded anyway. COMPLETED by `owner` already → `Done`. Held or completed by another
-    /// owner → `Lost`. Notifies watchers.
+    /// recorded anyway. COMPLETED with this acquisition's `fence` already (a repeated commit)
+    /// → `Done`. Held by another owner, or completed by another acquisition → `Lost`. Notifies
+    /// watchers.
     fn commit<'a>(&'a self, request: CommitRequest<'a>) -> BoxFuture<'a, Result<Transition, StoreError>>;
 
     /// IN_PROGRESS held by `owner` → absent (parameter mode) or ISSUED (token mode, until the

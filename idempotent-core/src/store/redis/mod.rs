@@ -123,9 +123,12 @@ impl RedisStore {
 
     /// The client a key's commands go through: always the same one for one key, so that they
     /// reach Redis in the order they were sent (a release after a timed-out acquire, say).
-    fn client_for(&self, record_key: &str) -> &Client {
+    fn client_for(&self, key: &str) -> &Client {
         let clients = self.inner.pool.clients();
-        &clients[keys::fnv1a(record_key.as_bytes()) as usize % clients.len()]
+        match clients.len() {
+            1 => &clients[0],
+            n => &clients[keys::fnv1a(key.as_bytes()) as usize % n],
+        }
     }
 
     /// Runs `op`, bounded by the store's timeout.
@@ -140,23 +143,25 @@ impl RedisStore {
         &self,
         op: &str,
         script: &fred::types::scripts::Script,
-        key: String,
-        args: Vec<Value>,
+        key: &str,
+        args: impl Fn() -> Vec<Value>,
     ) -> Result<Value, StoreError> {
-        let client = self.client_for(&key);
-        self.bounded(op, scripts::run(client, script, vec![key.into()], args)).await
+        let client = self.client_for(key);
+        let record_key = self.record_key(key);
+        self.bounded(op, scripts::run(client, script, || (vec![record_key.as_str().into()], args()))).await
     }
 
     async fn acquire_inner(&self, req: AcquireRequest<'_>) -> Result<AcquireOutcome, StoreError> {
-        let key = self.record_key(req.key);
-        let args = vec![
-            req.owner.into(),
-            millis(req.lease).into(),
-            req.fingerprint.unwrap_or("").into(),
-            if req.mode == Mode::Token { "t" } else { "p" }.into(),
-            if req.will_wait { "1" } else { "0" }.into(),
-        ];
-        match self.script("acquire", &scripts::ACQUIRE, key, args).await {
+        let args = || {
+            vec![
+                req.owner.into(),
+                millis(req.lease).into(),
+                req.fingerprint.unwrap_or("").into(),
+                if req.mode == Mode::Token { "t" } else { "p" }.into(),
+                if req.will_wait { "1" } else { "0" }.into(),
+            ]
+        };
+        match self.script("acquire", &scripts::ACQUIRE, req.key, args).await {
             Ok(reply) => replies::acquire(reply),
             Err(e) => {
                 // The acquire may still reach Redis later (fred re-sends queued commands after a
@@ -186,11 +191,14 @@ impl RedisStore {
         }
         let mut renewed = vec![false; leases.len()];
         for (_, members) in groups {
-            let group_keys: Vec<Key> = members.iter().map(|&i| keys[i].clone().into()).collect();
-            let args: Vec<Value> =
-                members.iter().flat_map(|&i| [leases[i].owner.into(), millis(leases[i].lease).into()]).collect();
-            let client = self.client_for(&keys[members[0]]);
-            let reply = self.bounded("renew", scripts::run(client, &scripts::RENEW, group_keys, args)).await?;
+            let args = || {
+                let group_keys: Vec<Key> = members.iter().map(|&i| keys[i].as_str().into()).collect();
+                let values: Vec<Value> =
+                    members.iter().flat_map(|&i| [leases[i].owner.into(), millis(leases[i].lease).into()]).collect();
+                (group_keys, values)
+            };
+            let client = self.client_for(leases[members[0]].key);
+            let reply = self.bounded("renew", scripts::run(client, &scripts::RENEW, args)).await?;
             for (flag, &i) in replies::renewed(reply, members.len())?.into_iter().zip(&members) {
                 renewed[i] = flag;
             }
@@ -199,25 +207,28 @@ impl RedisStore {
     }
 
     async fn commit_inner(&self, req: CommitRequest<'_>) -> Result<Transition, StoreError> {
-        let args = vec![
-            req.owner.into(),
-            millis(req.keep).into(),
-            if req.result.is_some() { "1" } else { "0" }.into(),
-            Value::Bytes(req.result.unwrap_or_default().to_vec().into()),
-            req.fingerprint.unwrap_or("").into(),
-            req.fence.to_string().into(),
-        ];
-        let reply = self.script("commit", &scripts::COMMIT, self.record_key(req.key), args).await?;
+        let result = bytes::Bytes::copy_from_slice(req.result.unwrap_or_default());
+        let args = || {
+            vec![
+                req.owner.into(),
+                millis(req.keep).into(),
+                if req.result.is_some() { "1" } else { "0" }.into(),
+                Value::Bytes(result.clone()),
+                req.fingerprint.unwrap_or("").into(),
+                req.fence.to_string().into(),
+            ]
+        };
+        let reply = self.script("commit", &scripts::COMMIT, req.key, args).await?;
         replies::transition("commit", reply)
     }
 
     async fn release_inner(&self, key: &str, owner: &str) -> Result<Transition, StoreError> {
-        let reply = self.script("release", &scripts::RELEASE, self.record_key(key), vec![owner.into()]).await?;
+        let reply = self.script("release", &scripts::RELEASE, key, || vec![owner.into()]).await?;
         replies::transition("release", reply)
     }
 
     async fn issue_inner(&self, key: &str, ttl: Duration) -> Result<bool, StoreError> {
-        let reply = self.script("issue_token", &scripts::ISSUE, self.record_key(key), vec![millis(ttl).into()]).await?;
+        let reply = self.script("issue_token", &scripts::ISSUE, key, || vec![millis(ttl).into()]).await?;
         replies::issued(reply)
     }
 
@@ -280,11 +291,13 @@ impl RedisStoreBuilder {
         let mut builder = Builder::from_config(config);
         builder
             .set_policy(self.reconnect)
+            // Commands are bounded by the store's own timeout (see `bounded`), not fred's: fred's
+            // does not cover EVAL/EVALSHA queued while Redis is down, and a second timer per
+            // command costs throughput.
             .with_connection_config(|c| {
                 c.connection_timeout = self.connect_timeout;
                 c.internal_command_timeout = self.timeout;
-            })
-            .with_performance_config(|p| p.default_command_timeout = self.timeout);
+            });
         let pool = builder.build_pool(self.pool_size).map_err(|e| store_error("configure", e))?;
         match tokio::time::timeout(self.connect_timeout, pool.init()).await {
             Ok(Ok(_)) => {}

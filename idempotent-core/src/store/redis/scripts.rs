@@ -24,11 +24,19 @@ pub(crate) static RELEASE: Lazy<Script> = lua!("release.lua");
 pub(crate) static ISSUE: Lazy<Script> = lua!("issue.lua");
 
 /// Runs `script` on `client`: EVALSHA, then EVAL if the server does not know the script.
-pub(crate) async fn run(client: &Client, script: &Script, keys: Vec<Key>, args: Vec<Value>) -> Result<Value, Error> {
-    match client.evalsha::<Value, _, _, _>(script.sha1().clone(), keys.clone(), args.clone()).await {
+/// `args` builds the keys and arguments, a second time only on that fallback (so the common
+/// path copies nothing).
+pub(crate) async fn run(
+    client: &Client,
+    script: &Script,
+    args: impl Fn() -> (Vec<Key>, Vec<Value>),
+) -> Result<Value, Error> {
+    let (keys, values) = args();
+    match client.evalsha::<Value, _, _, _>(script.sha1().clone(), keys, values).await {
         Err(e) if e.details().starts_with("NOSCRIPT") => {
             let lua = script.lua().cloned().unwrap_or_default();
-            client.eval::<Value, _, _, _>(lua, keys, args).await
+            let (keys, values) = args();
+            client.eval::<Value, _, _, _>(lua, keys, values).await
         }
         other => other,
     }

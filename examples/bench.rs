@@ -1,0 +1,745 @@
+//! The benchmark: our paths against the Redis floor and a naive baseline, measured in one run on
+//! one Redis, with round trips and Redis commands per operation read from Redis itself
+//! (`INFO commandstats` deltas).
+//!
+//! ```text
+//! cargo run --release --example bench                 # full run, starts its own redis-server
+//! cargo run --release --example bench -- --short      # about a minute
+//! cargo run --release --example bench -- --check      # exact round-trip counts only (CI smoke test)
+//! cargo run --release --example bench -- --redis redis://127.0.0.1:6379 --json
+//! ```
+//!
+//! Baselines, through the same fred client as the store:
+//! - floor: `EVALSHA` of `return 1`, one round trip, nothing else;
+//! - naive first execution: `SET key 1 NX EX 30`, then `SET key <result> EX 86400` (no owner,
+//!   no Lua, no watchdog), two round trips;
+//! - naive replay: `SET key 1 NX EX 30` finds the key, then `GET key`, two round trips.
+
+#[path = "../tests/support/mod.rs"]
+#[allow(dead_code, unused_imports)]
+mod support;
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use idempotent::store::redis::fred::prelude::*;
+use idempotent::{Call, Error, Idempotency, MemoryStore, RedisStore};
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Receipt {
+    id: u64,
+    amount_cents: i64,
+    currency: String,
+}
+
+fn receipt(id: u64) -> Receipt {
+    Receipt { id, amount_cents: 1999, currency: "EUR".into() }
+}
+
+struct Options {
+    redis: Option<String>,
+    short: bool,
+    check: bool,
+    json: bool,
+}
+
+fn options() -> Options {
+    let mut o = Options { redis: None, short: false, check: false, json: false };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--redis" => o.redis = args.next(),
+            "--short" => o.short = true,
+            "--check" => o.check = true,
+            "--json" => o.json = true,
+            "-h" | "--help" => {
+                println!("usage: bench [--short] [--check] [--json] [--redis URL]");
+                std::process::exit(0);
+            }
+            other => {
+                eprintln!("unknown argument {other:?} (try --help)");
+                std::process::exit(2);
+            }
+        }
+    }
+    o
+}
+
+/// Reads Redis's own counters of commands executed (`INFO commandstats`).
+struct Counters {
+    client: Client,
+}
+
+#[derive(Default, Clone, Copy, Debug)]
+struct Counts {
+    /// Script calls (EVALSHA, EVAL): each a round trip of ours.
+    scripts: u64,
+    /// SET and GET: the naive baseline's round trips (our scripts run them inside, too).
+    plain: u64,
+    /// Every command executed, inside scripts too (INFO itself excluded).
+    commands: u64,
+    /// EVAL fallbacks after NOSCRIPT.
+    evals: u64,
+}
+
+impl Counters {
+    async fn read(&self) -> Counts {
+        let info: String = self.client.info(Some(fred::types::InfoKind::CommandStats)).await.expect("INFO");
+        let mut c = Counts::default();
+        for line in info.lines() {
+            let Some((name, rest)) = line.strip_prefix("cmdstat_").and_then(|l| l.split_once(':')) else { continue };
+            let calls: u64 =
+                rest.split(',').find_map(|f| f.strip_prefix("calls=")).and_then(|n| n.parse().ok()).unwrap_or(0);
+            if name == "info" {
+                continue;
+            }
+            c.commands += calls;
+            match name {
+                "evalsha" => c.scripts += calls,
+                "eval" => {
+                    c.scripts += calls;
+                    c.evals += calls;
+                }
+                "set" | "get" => c.plain += calls,
+                _ => {}
+            }
+        }
+        c
+    }
+}
+
+impl std::ops::Sub for Counts {
+    type Output = Counts;
+    fn sub(self, o: Counts) -> Counts {
+        Counts {
+            scripts: self.scripts - o.scripts,
+            plain: self.plain - o.plain,
+            commands: self.commands - o.commands,
+            evals: self.evals - o.evals,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct Row {
+    case: String,
+    store: &'static str,
+    concurrency: usize,
+    ops_per_sec: f64,
+    p50_us: f64,
+    p99_us: f64,
+    round_trips_per_op: Option<f64>,
+    commands_per_op: Option<f64>,
+    baseline: Option<String>,
+    ratio: Option<f64>,
+    failures: u64,
+}
+
+/// Runs `op` from `concurrency` tasks for `secs`; each call gets (task, sequence number) and
+/// says whether it went as expected.
+async fn measure<F, Fut>(concurrency: usize, dur: Duration, op: F) -> (u64, u64, Vec<u32>, Duration)
+where
+    F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = bool> + Send,
+{
+    let op = Arc::new(op);
+    let started = Instant::now();
+    let deadline = started + dur;
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|t| {
+            let op = op.clone();
+            tokio::spawn(async move {
+                let mut lat = Vec::with_capacity(4096);
+                let (mut ok, mut failed, mut i) = (0u64, 0u64, 0u64);
+                while Instant::now() < deadline {
+                    let t0 = Instant::now();
+                    if op(t, i).await {
+                        ok += 1;
+                    } else {
+                        failed += 1;
+                    }
+                    lat.push(t0.elapsed().as_micros().min(u32::MAX as u128) as u32);
+                    i += 1;
+                }
+                (ok, failed, lat)
+            })
+        })
+        .collect();
+    let (mut ok, mut failed, mut lat) = (0, 0, Vec::new());
+    for t in tasks {
+        let (o, f, l) = t.await.expect("bench task");
+        ok += o;
+        failed += f;
+        lat.extend(l);
+    }
+    (ok, failed, lat, started.elapsed())
+}
+
+fn percentile(sorted: &[u32], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize] as f64
+}
+
+struct Bench {
+    counters: Option<Counters>,
+    rows: Vec<Row>,
+    secs: Duration,
+}
+
+impl Bench {
+    async fn case<F, Fut>(&mut self, case: &str, store: &'static str, concurrency: usize, op: F) -> usize
+    where
+        F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = bool> + Send,
+    {
+        let before = match &self.counters {
+            Some(c) if store != "memory" => Some(c.read().await),
+            _ => None,
+        };
+        let (ok, failed, mut lat, took) = measure(concurrency, self.secs, op).await;
+        let after = match (&self.counters, before) {
+            (Some(c), Some(b)) => Some(c.read().await - b),
+            _ => None,
+        };
+        lat.sort_unstable();
+        let ops = (ok + failed).max(1) as f64;
+        self.rows.push(Row {
+            case: case.into(),
+            store,
+            concurrency,
+            ops_per_sec: ops / took.as_secs_f64(),
+            p50_us: percentile(&lat, 0.5),
+            p99_us: percentile(&lat, 0.99),
+            // The naive baseline's round trips are its SETs and GETs; ours are script calls.
+            round_trips_per_op: after.map(|d| if case.starts_with("naive") { d.plain } else { d.scripts } as f64 / ops),
+            commands_per_op: after.map(|d| d.commands as f64 / ops),
+            baseline: None,
+            ratio: None,
+            failures: failed,
+        });
+        self.rows.len() - 1
+    }
+
+    fn ratio(&mut self, row: usize, baseline: usize) {
+        let r = self.rows[row].ops_per_sec / self.rows[baseline].ops_per_sec;
+        let name = format!("{} ({})", self.rows[baseline].case, self.rows[baseline].store);
+        self.rows[row].baseline = Some(name);
+        self.rows[row].ratio = Some(r);
+    }
+}
+
+type R<T> = Result<T, Error>;
+
+/// Completes `n` keys named `{prefix}{i}` so replays have something to find.
+async fn complete_keys(idem: &Idempotency, prefix: &str, n: u64) {
+    for i in 0..n {
+        let _: R<Receipt> = idem.run(Call::new(format!("{prefix}{i}")), || async move { Ok(receipt(i)) }).await;
+    }
+}
+
+/// Holds `n` keys named `{prefix}{i}` in progress until `release` is set.
+fn hold_keys(idem: &Idempotency, prefix: &str, n: u64, release: Arc<AtomicBool>) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..n)
+        .map(|i| {
+            let (idem, key, release) = (idem.clone(), format!("{prefix}{i}"), release.clone());
+            tokio::spawn(async move {
+                let _: R<()> = idem
+                    .run(Call::new(key), || async move {
+                        while !release.load(Ordering::Relaxed) {
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                        Ok(())
+                    })
+                    .await;
+            })
+        })
+        .collect()
+}
+
+fn print_table(rows: &[Row]) {
+    println!(
+        "| {:<22} | {:<6} | {:>4} | {:>11} | {:>8} | {:>8} | {:>6} | {:>7} | {:<28} | {:>6} |",
+        "case", "store", "conc", "ops/s", "p50 µs", "p99 µs", "rt/op", "cmds/op", "ratio to", "ratio"
+    );
+    println!(
+        "|{:-<24}|{:-<8}|{:-<6}|{:-<13}|{:-<10}|{:-<10}|{:-<8}|{:-<9}|{:-<30}|{:-<8}|",
+        "", "", "", "", "", "", "", "", "", ""
+    );
+    for r in rows {
+        let opt = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.2}"));
+        println!(
+            "| {:<22} | {:<6} | {:>4} | {:>11.0} | {:>8.0} | {:>8.0} | {:>6} | {:>7} | {:<28} | {:>6} |",
+            r.case,
+            r.store,
+            r.concurrency,
+            r.ops_per_sec,
+            r.p50_us,
+            r.p99_us,
+            opt(r.round_trips_per_op),
+            opt(r.commands_per_op),
+            r.baseline.clone().unwrap_or_else(|| "-".into()),
+            opt(r.ratio),
+        );
+    }
+}
+
+/// Counts the commands clients send, not those scripts run: the slow log at threshold 0 logs
+/// every command, and those run inside a script carry the client address `?:0`.
+struct TopLevel {
+    client: Client,
+}
+
+/// A command fred has no feature of ours for.
+async fn raw(client: &Client, name: &'static str, args: &[&str]) -> Value {
+    let cmd = fred::types::CustomCommand::new_static(name, fred::types::ClusterHash::Random, false);
+    client.custom(cmd, args.iter().map(|a| a.to_string()).collect::<Vec<_>>()).await.expect(name)
+}
+
+impl TopLevel {
+    async fn start(client: &Client) -> TopLevel {
+        raw(client, "CONFIG", &["SET", "slowlog-max-len", "1000000"]).await;
+        raw(client, "CONFIG", &["SET", "slowlog-log-slower-than", "0"]).await;
+        TopLevel { client: client.clone() }
+    }
+
+    /// Top-level commands sent while `f` ran, the counting's own left out.
+    async fn count<Fut: Future<Output = ()>>(&self, f: Fut) -> u64 {
+        raw(&self.client, "SLOWLOG", &["RESET"]).await;
+        f.await;
+        let entries = raw(&self.client, "SLOWLOG", &["GET", "-1"]).await.into_array();
+        entries
+            .into_iter()
+            .filter(|e| {
+                let Value::Array(fields) = e else { return false };
+                let name = match fields.get(3) {
+                    Some(Value::Array(args)) => args.first().and_then(|a| a.as_string()).unwrap_or_default(),
+                    _ => String::new(),
+                };
+                let addr = fields.get(4).and_then(|a| a.as_string()).unwrap_or_default();
+                addr != "?:0" && !name.eq_ignore_ascii_case("slowlog")
+            })
+            .count() as u64
+    }
+
+    async fn stop(&self) {
+        raw(&self.client, "CONFIG", &["SET", "slowlog-log-slower-than", "10000"]).await;
+        raw(&self.client, "SLOWLOG", &["RESET"]).await;
+    }
+}
+
+/// Sequential, exact: the round trips each path costs, counted by Redis (top-level commands).
+async fn check_round_trips(idem: &Idempotency, client: &Client) -> Vec<(&'static str, f64, f64)> {
+    const N: u64 = 200;
+    let per = |n: u64| n as f64 / N as f64;
+    // Warm the script cache so no NOSCRIPT fallback is counted.
+    complete_keys(idem, "warm:", 1).await;
+    let _: R<()> = idem.run(Call::new("warm:err"), || async { Err(Error::Conflict { key: String::new() }) }).await;
+    let top = TopLevel::start(client).await;
+    let mut out = Vec::new();
+
+    let n = top.count(complete_keys(idem, "rt-first:", N)).await;
+    out.push(("first execution", per(n), 2.0));
+
+    let n = top.count(complete_keys(idem, "rt-first:", N)).await;
+    out.push(("replay", per(n), 1.0));
+
+    let release = Arc::new(AtomicBool::new(false));
+    let holders = hold_keys(idem, "rt-held:", 1, release.clone());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let n = top
+        .count(async {
+            for _ in 0..N {
+                let r: R<()> = idem.run(Call::new("rt-held:0"), || async { Ok(()) }).await;
+                assert!(matches!(r, Err(Error::Conflict { .. })), "{r:?}");
+            }
+        })
+        .await;
+    out.push(("conflict", per(n), 1.0));
+    release.store(true, Ordering::Relaxed);
+    for h in holders {
+        h.await.unwrap();
+    }
+
+    let n = top
+        .count(async {
+            for i in 0..N {
+                let _: R<()> = idem
+                    .run(Call::new(format!("rt-err:{i}")), || async { Err(Error::Conflict { key: String::new() }) })
+                    .await;
+            }
+        })
+        .await;
+    // Acquire plus release: the release itself costs one less.
+    out.push(("release after an error", per(n) - 1.0, 1.0));
+    top.stop().await;
+    out
+}
+
+/// Many calls in flight at once: script calls per second spent on their leases, and the
+/// process's memory and CPU per call.
+async fn in_flight(idem: &Idempotency, counters: Option<&Counters>, n: u64, lease: Duration, hold: Duration) -> String {
+    let rss0 = rss_bytes();
+    let cpu0 = cpu_time();
+    let release = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let (idem, release) = (idem.clone(), release.clone());
+            tokio::spawn(async move {
+                let _: R<()> = idem
+                    .run(Call::new(format!("inflight:{i}")).ttl(lease), || async move {
+                        while !release.load(Ordering::Relaxed) {
+                            tokio::time::sleep(Duration::from_millis(250)).await;
+                        }
+                        Ok(())
+                    })
+                    .await;
+            })
+        })
+        .collect();
+    // All acquired once every key exists; from then on, only renewals reach Redis.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let window_start = Instant::now();
+    let b = match counters {
+        Some(c) => Some(c.read().await),
+        None => None,
+    };
+    let cpu1 = cpu_time();
+    let rss1 = rss_bytes();
+    let window = hold.saturating_sub(started.elapsed());
+    tokio::time::sleep(window).await;
+    let scripts = match (counters, b) {
+        (Some(c), Some(b)) => Some((c.read().await - b).scripts),
+        _ => None,
+    };
+    let cpu2 = cpu_time();
+    let took = window_start.elapsed().as_secs_f64();
+    release.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let per_call = rss1.saturating_sub(rss0) as f64 / n as f64;
+    let cpu = (cpu2 - cpu1).as_secs_f64() / took * 100.0;
+    let setup_cpu = (cpu1 - cpu0).as_secs_f64();
+    match scripts {
+        Some(s) => format!(
+            "{n} calls in flight, lease {lease:?}, held {took:.1} s: {:.1} renewal script calls/s ({s} in all), \
+             {per_call:.0} bytes of RSS per call, {cpu:.1}% of a core while holding, {setup_cpu:.2} s CPU to start them",
+            s as f64 / took
+        ),
+        None => format!(
+            "{n} calls in flight (memory store), lease {lease:?}: {per_call:.0} bytes of RSS per call, \
+             {cpu:.1}% of a core while holding, {setup_cpu:.2} s CPU to start them"
+        ),
+    }
+}
+
+fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| l.strip_prefix("VmRSS:").map(|v| v.trim().trim_end_matches(" kB").trim().to_owned()))
+        })
+        .and_then(|kb| kb.parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let fields: Vec<&str> = stat.rsplit_once(')').map(|(_, r)| r.split_whitespace().collect()).unwrap_or_default();
+    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    // utime and stime are fields 14 and 15 of /proc/self/stat: 11 and 12 after the ')'.
+    Duration::from_millis((ticks(11) + ticks(12)) * 10)
+}
+
+/// MEMORY USAGE of completed records, against the size of their stored result: a few sizes,
+/// then the mean and worst over a sweep (the allocator's size classes make it vary).
+async fn record_memory(idem: &Idempotency, store: &RedisStore, client: &Client) -> Vec<String> {
+    async fn usage(idem: &Idempotency, store: &RedisStore, client: &Client, size: usize) -> i64 {
+        let key = format!("mem:{size}");
+        let value = "x".repeat(size.saturating_sub(2)); // JSON adds two quotes
+        let _: R<String> = idem.run(Call::new(&key), || async move { Ok(value) }).await;
+        let record = store.record_key(&key);
+        let usage = raw(client, "MEMORY", &["USAGE", &record, "SAMPLES", "0"]).await.as_i64().unwrap_or(-1);
+        usage - size as i64
+    }
+    let mut out = Vec::new();
+    for size in [16usize, 100, 1000] {
+        let over = usage(idem, store, client, size).await;
+        out.push(format!("completed record with a {size}-byte result: MEMORY USAGE = result + {over} bytes"));
+    }
+    let mut overs = Vec::new();
+    for size in (2..=4096).step_by(31) {
+        overs.push(usage(idem, store, client, size).await);
+    }
+    let mean = overs.iter().sum::<i64>() as f64 / overs.len() as f64;
+    let max = overs.iter().max().copied().unwrap_or(0);
+    let within = overs.iter().filter(|o| **o <= 150).count();
+    out.push(format!(
+        "over {} result sizes from 2 to 4096 bytes: result + {mean:.0} bytes on average, + {max} at worst; \
+         {within} of {} within + 150 (the rest: the allocator rounding the value up a size class)",
+        overs.len(),
+        overs.len()
+    ));
+    out
+}
+
+async fn wait_latency(holder: &Idempotency, waiter: &Idempotency, rounds: u32) -> String {
+    let mut lat = Vec::new();
+    for i in 0..rounds {
+        let key = format!("wait:{i}");
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let h = holder.clone();
+        let k = key.clone();
+        let held = tokio::spawn(async move {
+            let _: R<u32> = h
+                .run(Call::new(k), || async move {
+                    let _ = rx.await;
+                    Ok(i)
+                })
+                .await;
+            Instant::now()
+        });
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let w = waiter.clone();
+        let waiting = tokio::spawn(async move {
+            let r: R<u32> = w
+                .run(Call::new(key).on_conflict(idempotent::OnConflict::Wait(Duration::from_secs(5))), || async {
+                    Ok(0)
+                })
+                .await;
+            (r, Instant::now())
+        });
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        tx.send(()).unwrap();
+        let committed = held.await.unwrap();
+        let (r, woke) = waiting.await.unwrap();
+        assert_eq!(r.unwrap(), i);
+        lat.push(woke.saturating_duration_since(committed).as_micros() as u32);
+    }
+    lat.sort_unstable();
+    format!(
+        "wait path: waiter woken {:.0} µs (p50) / {:.0} µs (p99) after the holder's commit returned, {rounds} rounds",
+        percentile(&lat, 0.5),
+        percentile(&lat, 0.99)
+    )
+}
+
+fn main() {
+    let o = options();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(run(o));
+}
+
+async fn run(o: Options) {
+    let server = match &o.redis {
+        Some(_) => None,
+        None => Some(support::RedisServer::start()),
+    };
+    let url = o.redis.clone().unwrap_or_else(|| server.as_ref().unwrap().url());
+    let store = RedisStore::connect(&url).await.expect("connect to Redis");
+    let client = store.pool().next().clone();
+    let counters = Counters { client: client.clone() };
+    let redis = Idempotency::new(store.clone());
+    let _ = client.flushall::<()>(false).await;
+
+    let checks = check_round_trips(&redis, &client).await;
+    let mut wrong = 0;
+    for (path, got, want) in &checks {
+        let verdict = if (got - want).abs() < 1e-9 { "ok" } else { "WRONG" };
+        if verdict == "WRONG" {
+            wrong += 1;
+        }
+        println!("round trips, {path}: {got:.2} per call (target {want}) {verdict}");
+    }
+    let fallbacks = counters.read().await.evals;
+    println!("EVAL fallbacks after NOSCRIPT: {fallbacks} (one per script on a fresh server)");
+    if o.check {
+        if wrong > 0 {
+            eprintln!("round-trip counts differ from the targets");
+            std::process::exit(1);
+        }
+        return;
+    }
+
+    let secs = Duration::from_millis(if o.short { 1000 } else { 3000 });
+    let concurrencies: &[usize] = if o.short { &[1, 32] } else { &[1, 32, 256] };
+    let mut bench = Bench { counters: Some(counters), rows: Vec::new(), secs };
+    let floor = fred::types::scripts::Script::from_lua("return 1");
+    let _ = floor.load(&client).await;
+    complete_keys(&redis, "replay:", 1000).await;
+    let cached = Idempotency::builder(store.clone()).replay_cache(10_000).build();
+    complete_keys(&cached, "replay:", 1000).await; // fills the cache from the store
+    for i in 0..1000u64 {
+        let _: () = client.set(format!("naive:replay:{i}"), "{\"id\":1}", None, None, false).await.unwrap();
+    }
+    let release = Arc::new(AtomicBool::new(false));
+    let holders = hold_keys(&redis, "held:", 64, release.clone());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    for &c in concurrencies {
+        let cl = client.clone();
+        let sha = floor.sha1().clone();
+        let floor_row = bench
+            .case("fred EVALSHA floor", "redis", c, move |_, _| {
+                let (cl, sha) = (cl.clone(), sha.clone());
+                async move { cl.evalsha::<i64, _, _, _>(sha, Vec::<String>::new(), Vec::<String>::new()).await.is_ok() }
+            })
+            .await;
+        let _ = floor_row;
+        let cl = client.clone();
+        let naive_first = bench
+            .case("naive first (SET NX+SET)", "redis", c, move |t, i| {
+                let cl = cl.clone();
+                async move {
+                    let key = format!("naive:first:{c}:{t}:{i}");
+                    let got: Option<String> =
+                        cl.set(&key, "1", Some(Expiration::EX(30)), Some(SetOptions::NX), false).await.ok().flatten();
+                    let _ = got;
+                    let body = serde_json::to_string(&receipt(i)).unwrap();
+                    cl.set::<(), _, _>(&key, body, Some(Expiration::EX(86_400)), None, false).await.is_ok()
+                }
+            })
+            .await;
+        let idem = redis.clone();
+        let first = bench
+            .case("first execution", "redis", c, move |t, i| {
+                let idem = idem.clone();
+                async move {
+                    let r: R<Receipt> =
+                        idem.run(Call::new(format!("first:{c}:{t}:{i}")), || async move { Ok(receipt(i)) }).await;
+                    r.is_ok()
+                }
+            })
+            .await;
+        bench.ratio(first, naive_first);
+        let cl = client.clone();
+        let naive_replay = bench
+            .case("naive replay (SET NX+GET)", "redis", c, move |_, i| {
+                let cl = cl.clone();
+                async move {
+                    let key = format!("naive:replay:{}", i % 1000);
+                    let _: Option<String> =
+                        cl.set(&key, "1", Some(Expiration::EX(30)), Some(SetOptions::NX), false).await.ok().flatten();
+                    cl.get::<Option<String>, _>(&key).await.is_ok()
+                }
+            })
+            .await;
+        let idem = redis.clone();
+        let replay = bench
+            .case("replay", "redis", c, move |_, i| {
+                let idem = idem.clone();
+                async move {
+                    let r: R<Receipt> =
+                        idem.run(Call::new(format!("replay:{}", i % 1000)), || async { Ok(receipt(0)) }).await;
+                    r.is_ok_and(|v| v.id == i % 1000)
+                }
+            })
+            .await;
+        bench.ratio(replay, naive_replay);
+        let idem = cached.clone();
+        let hot = bench
+            .case("replay, cached", "redis", c, move |_, i| {
+                let idem = idem.clone();
+                async move {
+                    let r: R<Receipt> =
+                        idem.run(Call::new(format!("replay:{}", i % 1000)), || async { Ok(receipt(0)) }).await;
+                    r.is_ok_and(|v| v.id == i % 1000)
+                }
+            })
+            .await;
+        bench.ratio(hot, naive_replay);
+        let idem = redis.clone();
+        let conflict = bench
+            .case("conflict", "redis", c, move |_, i| {
+                let idem = idem.clone();
+                async move {
+                    let r: R<()> = idem.run(Call::new(format!("held:{}", i % 64)), || async { Ok(()) }).await;
+                    matches!(r, Err(Error::Conflict { .. }))
+                }
+            })
+            .await;
+        bench.ratio(conflict, floor_row);
+        bench.ratio(floor_row, naive_first);
+        bench.rows[floor_row].baseline = None;
+        bench.rows[floor_row].ratio = None;
+    }
+    release.store(true, Ordering::Relaxed);
+    for h in holders {
+        h.await.unwrap();
+    }
+
+    // The in-process store, one task: first execution and replay on one core.
+    let memory = Idempotency::new(MemoryStore::new());
+    let m = memory.clone();
+    bench
+        .case("first execution", "memory", 1, move |_, i| {
+            let m = m.clone();
+            async move {
+                let r: R<Receipt> = m.run(Call::new(format!("first:{i}")), || async move { Ok(receipt(i)) }).await;
+                r.is_ok()
+            }
+        })
+        .await;
+    complete_keys(&memory, "replay:", 1000).await;
+    let m = memory.clone();
+    bench
+        .case("replay", "memory", 1, move |_, i| {
+            let m = m.clone();
+            async move {
+                let r: R<Receipt> = m.run(Call::new(format!("replay:{}", i % 1000)), || async { Ok(receipt(0)) }).await;
+                r.is_ok_and(|v| v.id == i % 1000)
+            }
+        })
+        .await;
+    let hot = cached.clone();
+    bench
+        .case("replay, cached", "cache", 1, move |_, i| {
+            let hot = hot.clone();
+            async move {
+                let r: R<Receipt> =
+                    hot.run(Call::new(format!("replay:{}", i % 1000)), || async { Ok(receipt(0)) }).await;
+                r.is_ok_and(|v| v.id == i % 1000)
+            }
+        })
+        .await;
+
+    let waiter = Idempotency::new(RedisStore::connect(&url).await.expect("second client"));
+    let wait = wait_latency(&redis, &waiter, if o.short { 50 } else { 200 }).await;
+    let _ = client.flushall::<()>(false).await;
+    let (lease, hold) = if o.short {
+        (Duration::from_secs(3), Duration::from_secs(4))
+    } else {
+        (Duration::from_secs(30), Duration::from_secs(40))
+    };
+    let inflight_redis = in_flight(&redis, bench.counters.as_ref(), 10_000, lease, hold).await;
+    let inflight_memory = in_flight(&memory, None, 10_000, lease, Duration::from_secs(2)).await;
+    let memory_lines = record_memory(&redis, &store, &client).await;
+
+    if o.json {
+        let doc = serde_json::json!({
+            "rows": bench.rows,
+            "round_trips": checks.iter().map(|(p, g, w)| serde_json::json!({"path": p, "per_call": g, "target": w})).collect::<Vec<_>>(),
+            "wait": wait,
+            "in_flight": [inflight_redis, inflight_memory],
+            "record_memory": memory_lines,
+        });
+        println!("{}", serde_json::to_string_pretty(&doc).unwrap());
+    } else {
+        println!();
+        print_table(&bench.rows);
+        println!();
+        println!("{wait}");
+        println!("{inflight_redis}");
+        println!("{inflight_memory}");
+        for l in memory_lines {
+            println!("{l}");
+        }
+    }
+}
