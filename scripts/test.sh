@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The whole test suite, on a fresh machine: installs Redis where missing, then format, lints,
-# docs, and every test (the tests start and stop their own redis-server processes on free ports).
+# The whole test suite, on a fresh machine: installs Redis and headless Chromium where missing,
+# then format, lints, docs, and every test (the tests start and stop their own redis-server and
+# chromedriver processes on free ports), and the benchmark's exact round-trip check.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/install-redis.sh
+bash scripts/install-browser.sh
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
@@ -17,4 +19,7 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps --quie
 
 echo "== cargo test"
 cargo test --workspace --all-features
+
+echo "== benchmark round-trip check (exact counts from Redis, not timings)"
+cargo run --quiet --release --example bench -- --check
 echo "== all green"

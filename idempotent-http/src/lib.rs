@@ -1,2 +1,52 @@
-//! HTTP support for `idempotent`: a tower layer speaking the `Idempotency-Key` header, and the
-//! one-time token endpoint. (Being built.)
+//! HTTP support for [`idempotent`](https://docs.rs/idempotent): a tower layer speaking the
+//! `Idempotency-Key` header (IETF draft "The Idempotency-Key HTTP Header Field"), and one-time
+//! tokens for forms, on the runtime's per-key state machine ([`idempotent_core::Idempotency`]).
+//!
+//! One line makes an axum route safe against a double-clicked submit or a client's retry:
+//!
+//! ```
+//! use axum::{routing::post, Router};
+//! use idempotent_core::{Idempotency, MemoryStore};
+//! use idempotent_http::IdempotencyLayer;
+//!
+//! let idem = Idempotency::new(MemoryStore::new()); // or a RedisStore, for many instances
+//! let app: Router = Router::new()
+//!     .route("/payments", post(|| async { "charged once" }))
+//!     .route_layer(IdempotencyLayer::new(idem));
+//! ```
+//!
+//! What a client sees, for a guarded request (`POST`, `PATCH`) with `Idempotency-Key: "k"`:
+//!
+//! | situation | response |
+//! |---|---|
+//! | first request with `k` | the handler's response, stored (status, body, selected headers) |
+//! | `k` again, same method, path and body | the stored response replayed, with `Idempotent-Replayed: true` |
+//! | `k` again while the first is still running | 409 (or wait for it: [`IdempotencyLayer::wait_in_flight`]) |
+//! | `k` again with another method, path or body | 422 |
+//! | the handler answered 5xx | passed through, not stored: a retry with `k` runs again |
+//! | the response was over the size limit | the first caller gets it; later ones 409 (not replayable) |
+//! | no key, on a route that requires one | 400 |
+//! | a malformed or over-long key | 400 |
+//!
+//! Errors are `application/problem+json` bodies (RFC 9457, [`problem`]). Keys are scoped per
+//! client with [`IdempotencyLayer::client_scope`]. Token mode
+//! ([`IdempotencyLayer::require_token`], [`IdempotencyLayer::token_router`]) has the server
+//! hand out one-time keys, for pages that cannot make up good keys of their own.
+
+#![warn(missing_docs)]
+
+pub mod header;
+mod layer;
+pub mod problem;
+mod service;
+mod stored;
+mod token;
+
+pub use header::IDEMPOTENCY_KEY;
+pub use layer::{
+    ClientScope, IdempotencyLayer, KeyMode, StorePredicate, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_REPLAY_HEADER,
+    DEFAULT_TOKEN_PATH, DEFAULT_TOKEN_TTL,
+};
+pub use service::IdempotencyService;
+pub use stored::StoredResponse;
+pub use token::IssuedToken;

@@ -1,0 +1,287 @@
+//! `IdempotencyLayer`: the tower layer and its policies (which requests it guards, how keys are
+//! scoped per client, what is stored), set with chained builder methods.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::header::{HeaderName, CONTENT_LANGUAGE, CONTENT_LOCATION, CONTENT_TYPE, ETAG, LAST_MODIFIED, LOCATION};
+use http::{request, Method, StatusCode};
+use idempotent_core::{Idempotency, OnConflict};
+use tower_layer::Layer;
+
+use crate::header::DEFAULT_MAX_KEY_BYTES;
+use crate::service::IdempotencyService;
+
+/// The header marking a replayed response by default: `Idempotent-Replayed: true`.
+pub static DEFAULT_REPLAY_HEADER: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// The largest request body read (to fingerprint it) by default: 1 MiB.
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 1 << 20;
+
+/// How long an issued token stays valid by default: one hour.
+pub const DEFAULT_TOKEN_TTL: Duration = Duration::from_secs(3600);
+
+/// Where [`IdempotencyLayer::token_router`] serves tokens by default.
+pub const DEFAULT_TOKEN_PATH: &str = "/idempotent/token";
+
+/// What a guarded request must carry in its `Idempotency-Key` header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KeyMode {
+    /// A key of the client's choosing is required: a request without one is refused with 400.
+    /// The default.
+    #[default]
+    Required,
+    /// A request with a key is guarded; one without runs unguarded.
+    Optional,
+    /// The key must be a one-time token from the token endpoint (token mode of the runtime):
+    /// consumed atomically by the first request, replayed to later ones, and usable again after
+    /// a failed (not stored) attempt. 400 when missing, unknown or expired.
+    Token,
+}
+
+/// Picks the client a request comes from; see [`IdempotencyLayer::client_scope`].
+pub type ClientScope = Arc<dyn Fn(&request::Parts) -> Option<String> + Send + Sync>;
+
+/// Decides from the status whether a response is stored; see [`IdempotencyLayer::store_if`].
+pub type StorePredicate = Arc<dyn Fn(StatusCode) -> bool + Send + Sync>;
+
+/// The settings of a layer, shared by its services.
+#[derive(Clone)]
+pub(crate) struct Policy {
+    pub(crate) idem: Idempotency,
+    pub(crate) scope: String,
+    pub(crate) mode: KeyMode,
+    pub(crate) methods: Vec<Method>,
+    pub(crate) max_key_bytes: usize,
+    pub(crate) max_request_bytes: usize,
+    pub(crate) stored_headers: Vec<HeaderName>,
+    pub(crate) replay_header: HeaderName,
+    pub(crate) store_if: StorePredicate,
+    pub(crate) client: ClientScope,
+    pub(crate) on_conflict: OnConflict,
+    pub(crate) ttl: Option<Duration>,
+    pub(crate) keep: Option<Duration>,
+    pub(crate) token_ttl: Duration,
+    pub(crate) token_path: String,
+}
+
+impl Policy {
+    /// The runtime scope of client `client`'s keys (`kind` is `key` or `token`). The client id
+    /// is length-prefixed, so that no client id and key can be cut differently into another's.
+    pub(crate) fn scope_for(&self, kind: &str, client: &str) -> String {
+        format!("{}:{kind}:{}:{client}", self.scope, client.len())
+    }
+}
+
+/// A tower layer that makes the requests it guards idempotent with the `Idempotency-Key`
+/// header, on an [`Idempotency`] runtime (and so on its store: memory or Redis).
+///
+/// The defaults are those of a payments API:
+///
+/// | policy | default | change with |
+/// |---|---|---|
+/// | guarded methods | `POST`, `PATCH` (others pass through untouched) | [`methods`](Self::methods) |
+/// | key | required (400 without) | [`key_optional`](Self::key_optional), [`require_token`](Self::require_token) |
+/// | key length | 255 bytes | [`max_key_bytes`](Self::max_key_bytes) |
+/// | in flight | 409 at once | [`wait_in_flight`](Self::wait_in_flight) |
+/// | stored responses | all but 5xx (a 5xx releases the key: the retry runs) | [`store_if`](Self::store_if) |
+/// | stored headers | `Content-Type`, `Content-Language`, `Content-Location`, `Location`, `ETag`, `Last-Modified` | [`store_headers`](Self::store_headers) |
+/// | replay marker | `Idempotent-Replayed: true` | [`replay_header`](Self::replay_header) |
+/// | client scope | one shared scope | [`client_scope`](Self::client_scope) |
+/// | request body read | 1 MiB (413 over) | [`max_request_bytes`](Self::max_request_bytes) |
+/// | response size | the runtime's `max_result_bytes` (1 MiB): larger ones are not replayable (409) | `IdempotencyBuilder::max_result_bytes` |
+/// | lease, retention | the runtime's (30 s renewed, 24 h) | [`ttl`](Self::ttl), [`keep`](Self::keep) |
+///
+/// ```
+/// use axum::{routing::post, Router};
+/// use idempotent_core::{Idempotency, MemoryStore};
+/// use idempotent_http::IdempotencyLayer;
+///
+/// let idem = Idempotency::new(MemoryStore::new());
+/// let app: Router = Router::new()
+///     .route("/payments", post(|| async { "paid" }))
+///     .route_layer(IdempotencyLayer::new(idem));
+/// ```
+#[derive(Clone)]
+#[must_use]
+pub struct IdempotencyLayer {
+    pub(crate) policy: Arc<Policy>,
+}
+
+impl IdempotencyLayer {
+    /// A layer on `idem` with the default policies (see the table above).
+    pub fn new(idem: Idempotency) -> Self {
+        IdempotencyLayer {
+            policy: Arc::new(Policy {
+                idem,
+                scope: "http".into(),
+                mode: KeyMode::Required,
+                methods: vec![Method::POST, Method::PATCH],
+                max_key_bytes: DEFAULT_MAX_KEY_BYTES,
+                max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+                stored_headers: vec![CONTENT_TYPE, CONTENT_LANGUAGE, CONTENT_LOCATION, LOCATION, ETAG, LAST_MODIFIED],
+                replay_header: DEFAULT_REPLAY_HEADER.clone(),
+                store_if: Arc::new(|status: StatusCode| !status.is_server_error()),
+                client: Arc::new(|_: &request::Parts| Some(String::new())),
+                on_conflict: OnConflict::Reject,
+                ttl: None,
+                keep: None,
+                token_ttl: DEFAULT_TOKEN_TTL,
+                token_path: DEFAULT_TOKEN_PATH.into(),
+            }),
+        }
+    }
+
+    fn with(mut self, f: impl FnOnce(&mut Policy)) -> Self {
+        f(Arc::make_mut(&mut self.policy));
+        self
+    }
+
+    /// The runtime the layer runs on.
+    pub fn idempotency(&self) -> &Idempotency {
+        &self.policy.idem
+    }
+
+    /// The runtime scope all keys of this layer live in (default `http`): two layers on one
+    /// store with different scopes never share keys.
+    pub fn scope(self, scope: impl Into<String>) -> Self {
+        let scope = scope.into();
+        self.with(|p| p.scope = scope)
+    }
+
+    /// What a guarded request must carry; see [`KeyMode`].
+    pub fn mode(self, mode: KeyMode) -> Self {
+        self.with(|p| p.mode = mode)
+    }
+
+    /// Requests without a key run unguarded ([`KeyMode::Optional`]).
+    pub fn key_optional(self) -> Self {
+        self.mode(KeyMode::Optional)
+    }
+
+    /// The key must be a one-time token issued by [`token_router`](Self::token_router)
+    /// ([`KeyMode::Token`]). Issue and consume tokens with layers derived from one
+    /// (`layer.clone().require_token()`), so that they share the scope and client extractor.
+    pub fn require_token(self) -> Self {
+        self.mode(KeyMode::Token)
+    }
+
+    /// The methods guarded (default `POST` and `PATCH`, the methods the IETF draft names);
+    /// requests with other methods pass through untouched, with or without a key.
+    pub fn methods(self, methods: impl IntoIterator<Item = Method>) -> Self {
+        let methods = methods.into_iter().collect();
+        self.with(|p| p.methods = methods)
+    }
+
+    /// The longest key accepted, in bytes (default 255); a longer one is refused with 400.
+    pub fn max_key_bytes(self, max: usize) -> Self {
+        self.with(|p| p.max_key_bytes = max)
+    }
+
+    /// The largest request body read to fingerprint a guarded request (default 1 MiB); a
+    /// larger one is refused with 413 before anything runs.
+    pub fn max_request_bytes(self, max: usize) -> Self {
+        self.with(|p| p.max_request_bytes = max)
+    }
+
+    /// The response headers stored and replayed (replacing the default set).
+    pub fn store_headers(self, names: impl IntoIterator<Item = HeaderName>) -> Self {
+        let names = names.into_iter().collect();
+        self.with(|p| p.stored_headers = names)
+    }
+
+    /// The header set to `true` on replayed responses (default `Idempotent-Replayed`).
+    pub fn replay_header(self, name: HeaderName) -> Self {
+        self.with(|p| p.replay_header = name)
+    }
+
+    /// Which responses are stored, by status (default: all but 5xx). A response not stored is
+    /// passed to the client as it is and releases the key, so that a retry runs the handler
+    /// again (in token mode the token becomes usable again).
+    ///
+    /// ```
+    /// # use idempotent_core::{Idempotency, MemoryStore};
+    /// # use idempotent_http::IdempotencyLayer;
+    /// # let idem = Idempotency::new(MemoryStore::new());
+    /// // Store only successes: a 4xx (say, a declined card) may be retried with the same key.
+    /// let layer = IdempotencyLayer::new(idem).store_if(|status| status.is_success());
+    /// ```
+    pub fn store_if(self, predicate: impl Fn(StatusCode) -> bool + Send + Sync + 'static) -> Self {
+        self.with(|p| p.store_if = Arc::new(predicate))
+    }
+
+    /// Scopes keys per client: `extract` names the client a request comes from (an
+    /// authenticated user id from the request's extensions, an API-key header...). Two clients
+    /// sending the same key never collide and never see each other's replays. When it returns
+    /// `None` the request is refused with 403; run authentication before this layer.
+    ///
+    /// By default all requests share one scope.
+    ///
+    /// ```
+    /// # use idempotent_core::{Idempotency, MemoryStore};
+    /// # use idempotent_http::IdempotencyLayer;
+    /// # let idem = Idempotency::new(MemoryStore::new());
+    /// let layer = IdempotencyLayer::new(idem).client_scope(|req| {
+    ///     req.headers.get("x-api-client").and_then(|v| v.to_str().ok()).map(str::to_owned)
+    /// });
+    /// ```
+    pub fn client_scope(self, extract: impl Fn(&request::Parts) -> Option<String> + Send + Sync + 'static) -> Self {
+        self.with(|p| p.client = Arc::new(extract))
+    }
+
+    /// A request finding its key in flight waits up to `patience` for the first one to finish,
+    /// then gets its replay (or runs, if the first failed), instead of an immediate 409. Still
+    /// in flight after `patience`: 409.
+    pub fn wait_in_flight(self, patience: Duration) -> Self {
+        self.with(|p| p.on_conflict = OnConflict::Wait(patience))
+    }
+
+    /// The lease while the handler runs (default: the runtime's, 30 s, renewed while the
+    /// handler runs): how long a key stays in flight after its server crashed.
+    pub fn ttl(self, ttl: Duration) -> Self {
+        self.with(|p| p.ttl = Some(ttl))
+    }
+
+    /// How long a stored response is replayed (default: the runtime's, 24 h).
+    pub fn keep(self, keep: Duration) -> Self {
+        self.with(|p| p.keep = Some(keep))
+    }
+
+    /// How long an issued token stays valid (default one hour).
+    pub fn token_ttl(self, ttl: Duration) -> Self {
+        self.with(|p| p.token_ttl = ttl)
+    }
+
+    /// The path of the token endpoint (default `/idempotent/token`). The layer lets requests
+    /// to it through unguarded, so it can wrap a router that serves it.
+    pub fn token_path(self, path: impl Into<String>) -> Self {
+        let path = path.into();
+        self.with(|p| p.token_path = path)
+    }
+}
+
+impl<S> Layer<S> for IdempotencyLayer {
+    type Service = IdempotencyService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        IdempotencyService::new(inner, self.policy.clone())
+    }
+}
+
+impl fmt::Debug for IdempotencyLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let p = &self.policy;
+        f.debug_struct("IdempotencyLayer")
+            .field("scope", &p.scope)
+            .field("mode", &p.mode)
+            .field("methods", &p.methods)
+            .field("max_key_bytes", &p.max_key_bytes)
+            .field("max_request_bytes", &p.max_request_bytes)
+            .field("stored_headers", &p.stored_headers)
+            .field("replay_header", &p.replay_header)
+            .field("on_conflict", &p.on_conflict)
+            .field("token_path", &p.token_path)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,264 @@
+//! `IdempotencyService`: one guarded request, from the `Idempotency-Key` header to the runtime's
+//! `run` and back to a response (the handler's, a replay, or a problem).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use axum::body::Body;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine as _;
+use bytes::Bytes;
+use http::{request, response, Request, Response};
+use http_body::Body as HttpBody;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use idempotent_core::{Call, Error};
+use serde::Serialize;
+use tower_service::Service;
+
+use crate::header::{parse_key, KeyError, IDEMPOTENCY_KEY};
+use crate::layer::{KeyMode, Policy};
+use crate::problem::{Problem, ProblemKind};
+use crate::stored::StoredResponse;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The service [`IdempotencyLayer`](crate::IdempotencyLayer) wraps around a handler.
+#[derive(Clone)]
+pub struct IdempotencyService<S> {
+    inner: S,
+    policy: Arc<Policy>,
+}
+
+impl<S> IdempotencyService<S> {
+    pub(crate) fn new(inner: S, policy: Arc<Policy>) -> Self {
+        IdempotencyService { inner, policy }
+    }
+}
+
+impl<S> std::fmt::Debug for IdempotencyService<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdempotencyService").field("scope", &self.policy.scope).finish_non_exhaustive()
+    }
+}
+
+/// What the fingerprint covers: the method, the request target and the body.
+#[derive(Serialize)]
+struct Fingerprint<'a> {
+    method: &'a str,
+    target: &'a str,
+    body: String,
+}
+
+/// Why the guarded body did not produce a response to store; every one releases the key.
+enum Failure<E> {
+    /// The runtime refused (conflict, key reused, store down...).
+    Idem(Error),
+    /// The handler answered with a response not to store (a 5xx): passed through.
+    NotStored(Response<Body>),
+    /// The handler's response body failed.
+    Unreadable(String),
+    /// The inner service failed.
+    Inner(E),
+}
+
+impl<E> From<Error> for Failure<E> {
+    fn from(e: Error) -> Self {
+        Failure::Idem(e)
+    }
+}
+
+impl<S, B, ResBody> Service<Request<B>> for IdempotencyService<S>
+where
+    S: Service<Request<B>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: HttpBody + From<Bytes> + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+    ResBody: HttpBody<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    type Response = Response<Body>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        // The clone that was not polled ready goes to the next request; this one is ready.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let policy = self.policy.clone();
+        Box::pin(guard(policy, inner, req))
+    }
+}
+
+/// Runs one request through the layer.
+async fn guard<S, B, ResBody>(policy: Arc<Policy>, mut inner: S, req: Request<B>) -> Result<Response<Body>, S::Error>
+where
+    S: Service<Request<B>, Response = Response<ResBody>>,
+    B: HttpBody + From<Bytes>,
+    B::Error: Into<BoxError>,
+    ResBody: HttpBody<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let unguarded = !policy.methods.contains(req.method()) || req.uri().path() == policy.token_path;
+    if unguarded {
+        return inner.call(req).await.map(|r| r.map(Body::new));
+    }
+    let (parts, body) = req.into_parts();
+    let call = match prepare(&policy, &parts) {
+        Ok(Some(call)) => call,
+        Ok(None) => return inner.call(Request::from_parts(parts, body)).await.map(|r| r.map(Body::new)),
+        Err(problem) => return Ok(problem.into_response()),
+    };
+    let body = match Limited::new(body, policy.max_request_bytes).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) if e.is::<LengthLimitError>() => {
+            let detail = format!("the body is over {} bytes, the most this endpoint reads", policy.max_request_bytes);
+            return Ok(Problem::new(ProblemKind::RequestTooLarge, detail).into_response());
+        }
+        Err(e) => return Ok(Problem::new(ProblemKind::UnreadableBody, e.to_string()).into_response()),
+    };
+    let target = parts.uri.path_and_query().map_or_else(|| parts.uri.path(), |pq| pq.as_str());
+    let fingerprint = Fingerprint { method: parts.method.as_str(), target, body: BASE64.encode(&body) };
+    let call = call.fingerprint(&fingerprint);
+    let req = Request::from_parts(parts, B::from(body));
+
+    // The first run leaves the handler's own response head here (all its headers, not only the
+    // stored ones); a replay leaves nothing.
+    let first: Mutex<Option<(response::Parts, Bytes)>> = Mutex::new(None);
+    let outcome = policy
+        .idem
+        .run(call, || async {
+            let response = inner.call(req).await.map_err(Failure::Inner)?;
+            let (head, body) = response.into_parts();
+            let bytes = match body.collect().await {
+                Ok(collected) => collected.to_bytes(),
+                Err(e) => return Err(Failure::Unreadable(e.into().to_string())),
+            };
+            if !(policy.store_if)(head.status) {
+                return Err(Failure::NotStored(Response::from_parts(head, Body::from(bytes))));
+            }
+            let stored = StoredResponse::capture(&head, &bytes, &policy.stored_headers);
+            *first.lock().unwrap_or_else(|p| p.into_inner()) = Some((head, bytes));
+            Ok::<_, Failure<S::Error>>(stored)
+        })
+        .await;
+    let first = first.into_inner().unwrap_or_else(|p| p.into_inner());
+    match outcome {
+        Ok(stored) => Ok(match first {
+            Some((head, bytes)) => Response::from_parts(head, Body::from(bytes)),
+            None => stored.replay(&policy.replay_header).unwrap_or_else(|why| {
+                Problem::new(ProblemKind::Internal, format!("the stored response does not decode: {why}"))
+                    .into_response()
+            }),
+        }),
+        Err(Failure::Idem(e)) => Ok(problem_for(&policy, &e).into_response()),
+        Err(Failure::NotStored(response)) => Ok(response),
+        Err(Failure::Unreadable(why)) => Ok(Problem::new(
+            ProblemKind::UnreadableResponse,
+            format!("the handler's response body failed ({why}); nothing was stored, a retry runs it again"),
+        )
+        .into_response()),
+        Err(Failure::Inner(e)) => Err(e),
+    }
+}
+
+/// The call for a request's key, `None` when it runs unguarded, or the problem refusing it.
+fn prepare(policy: &Policy, parts: &request::Parts) -> Result<Option<Call>, Problem> {
+    let key = match parse_key(parts.headers.get_all(&IDEMPOTENCY_KEY), policy.max_key_bytes) {
+        Ok(key) => key,
+        Err(KeyError::Missing) => {
+            return match policy.mode {
+                KeyMode::Optional => Ok(None),
+                KeyMode::Required => Err(Problem::new(
+                    ProblemKind::MissingKey,
+                    format!("{} {} requires an Idempotency-Key header", parts.method, parts.uri.path()),
+                )),
+                KeyMode::Token => Err(Problem::new(
+                    ProblemKind::MissingKey,
+                    format!(
+                        "{} {} requires an Idempotency-Key header holding a token from POST {}",
+                        parts.method,
+                        parts.uri.path(),
+                        policy.token_path
+                    ),
+                )),
+            };
+        }
+        Err(e) => return Err(Problem::new(ProblemKind::MalformedKey, e.to_string())),
+    };
+    let Some(client) = (policy.client)(parts) else {
+        return Err(Problem::new(
+            ProblemKind::UnidentifiedClient,
+            "the request does not say which client it comes from, so its key cannot be scoped",
+        ));
+    };
+    let call = match policy.mode {
+        KeyMode::Token => Call::token(key).scope(policy.scope_for("token", &client)),
+        KeyMode::Required | KeyMode::Optional => Call::new(key).scope(policy.scope_for("key", &client)),
+    };
+    let mut call = call.on_conflict(policy.on_conflict);
+    if let Some(ttl) = policy.ttl {
+        call = call.ttl(ttl);
+    }
+    if let Some(keep) = policy.keep {
+        call = call.keep(keep);
+    }
+    Ok(Some(call))
+}
+
+/// The problem answering a runtime error.
+pub(crate) fn problem_for(policy: &Policy, e: &Error) -> Problem {
+    match e {
+        Error::Conflict { .. } => Problem::new(
+            ProblemKind::InFlight,
+            "a request with this key is still being processed; retry later to get its response",
+        ),
+        Error::Timeout { waited, .. } => Problem::new(
+            ProblemKind::InFlight,
+            format!("a request with this key is still being processed after waiting {waited:?}; retry later"),
+        ),
+        Error::KeyReused { .. } => Problem::new(
+            ProblemKind::KeyReused,
+            "this key was first used for a request with a different method, path or body",
+        ),
+        Error::Duplicate { replayable: false, .. } => Problem::new(
+            ProblemKind::NotReplayable,
+            "a request with this key completed, but its response was too large to keep for replay; it is not run again",
+        ),
+        Error::Duplicate { .. } => {
+            Problem::new(ProblemKind::NotReplayable, "a request with this key completed; it is not run again")
+        }
+        Error::InvalidToken { .. } => Problem::new(
+            ProblemKind::InvalidToken,
+            format!(
+                "the key is not a token issued to this client, or it expired; get a new one with POST {}",
+                policy.token_path
+            ),
+        ),
+        Error::InvalidKey { reason, .. } => {
+            Problem::new(ProblemKind::MalformedKey, format!("the key is refused: {reason}"))
+        }
+        Error::Store { source, .. } => {
+            tracing::warn!(error = %e, "idempotency store failed; request refused with 503");
+            Problem::new(
+                ProblemKind::StoreUnavailable,
+                format!("the idempotency store failed ({}); nothing ran, retry later", source.kind()),
+            )
+        }
+        Error::LeaseLost { .. } => Problem::new(
+            ProblemKind::StoreUnavailable,
+            "the idempotency lease was lost while the request ran; retry later",
+        ),
+        other => {
+            tracing::error!(error = %other, "idempotency layer failed");
+            Problem::new(ProblemKind::Internal, "the idempotency layer failed; see the server log")
+        }
+    }
+}

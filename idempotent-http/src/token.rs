@@ -1,0 +1,85 @@
+//! The one-time token endpoint: `POST /idempotent/token` issues a token (the runtime's
+//! `issue_token_scoped`, in the client's scope) for a route in token mode.
+
+use std::convert::Infallible;
+
+use axum::body::Body;
+use axum::extract::Request;
+use axum::routing::{post, MethodRouter};
+use axum::Router;
+use http::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE};
+use http::{request, Response, StatusCode};
+use serde::{Deserialize, Serialize};
+
+use crate::layer::IdempotencyLayer;
+use crate::problem::{Problem, ProblemKind};
+use crate::service::problem_for;
+
+/// The token endpoint's answer: `{"token": "...", "expires_in": 3600}`. The client sends the
+/// token back as its `Idempotency-Key` (`Idempotency-Key: "<token>"`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IssuedToken {
+    /// The token: 22 URL-safe characters.
+    pub token: String,
+    /// Seconds until it expires unless used.
+    pub expires_in: u64,
+}
+
+impl IdempotencyLayer {
+    /// Issues a token to the client of `request` (as the layer's client extractor names it):
+    /// `200` with an [`IssuedToken`] and `Cache-Control: no-store`, or a problem (403 for an
+    /// unidentified client, 503 when the store fails).
+    pub async fn issue_token(&self, request: &request::Parts) -> Response<Body> {
+        let policy = &self.policy;
+        let Some(client) = (policy.client)(request) else {
+            return Problem::new(
+                ProblemKind::UnidentifiedClient,
+                "the request does not say which client it comes from",
+            )
+            .into_response();
+        };
+        let scope = policy.scope_for("token", &client);
+        match policy.idem.issue_token_scoped(&scope, policy.token_ttl).await {
+            Ok(token) => {
+                let body = IssuedToken { token, expires_in: policy.token_ttl.as_secs() };
+                let json = serde_json::to_vec(&body).unwrap_or_default();
+                let mut response = Response::new(Body::from(json));
+                *response.status_mut() = StatusCode::OK;
+                response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+                response.headers_mut().insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+                response
+            }
+            Err(e) => problem_for(policy, &e).into_response(),
+        }
+    }
+
+    /// The token handler, for mounting at a path of your choice (then tell the layer with
+    /// [`token_path`](Self::token_path)).
+    pub fn token_handler<S: Clone + Send + Sync + 'static>(&self) -> MethodRouter<S, Infallible> {
+        let layer = self.clone();
+        post(move |request: Request| {
+            let layer = layer.clone();
+            async move {
+                let (parts, _body) = request.into_parts();
+                layer.issue_token(&parts).await
+            }
+        })
+    }
+
+    /// A router serving the token endpoint at the layer's token path (default
+    /// `POST /idempotent/token`); merge it into the app.
+    ///
+    /// ```
+    /// use axum::{routing::post, Router};
+    /// use idempotent_core::{Idempotency, MemoryStore};
+    /// use idempotent_http::IdempotencyLayer;
+    ///
+    /// let layer = IdempotencyLayer::new(Idempotency::new(MemoryStore::new()));
+    /// let app: Router = Router::new()
+    ///     .route("/orders", post(|| async { "created" }).route_layer(layer.clone().require_token()))
+    ///     .merge(layer.token_router());
+    /// ```
+    pub fn token_router<S: Clone + Send + Sync + 'static>(&self) -> Router<S> {
+        Router::new().route(&self.policy.token_path, self.token_handler())
+    }
+}

@@ -1,0 +1,506 @@
+//! The layer over real HTTP: a server on 127.0.0.1:0 and a real client, every status path, on
+//! `MemoryStore` and on `RedisStore` against a `redis-server` each test starts for itself.
+
+#[path = "../../tests/support/mod.rs"]
+mod support;
+
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use idempotent_http::IdempotencyLayer;
+use serde_json::Value;
+use support::{Backend, Fixture};
+
+macro_rules! suite {
+    ($($name:ident),* $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Backend::Memory).await
+                }
+            )*
+        }
+        mod redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Backend::Redis).await
+                }
+            )*
+        }
+    };
+}
+
+suite!(
+    missing_key_is_400,
+    malformed_or_overlong_key_is_400,
+    in_flight_duplicate_is_409,
+    reused_key_with_another_request_is_422,
+    replay_is_identical_and_marked,
+    server_error_is_not_stored_and_the_retry_runs,
+    oversized_response_is_not_replayable,
+    hundred_concurrent_identical_requests_run_once,
+    hundred_concurrent_waiting_requests_get_the_replay,
+    two_clients_with_one_key_do_not_collide,
+    unidentified_client_is_403,
+    token_is_consumed_once_and_usable_after_a_failure,
+    unguarded_requests_pass_through,
+);
+
+/// The largest serialized result the runtime stores for replay in these tests.
+const MAX_RESULT_BYTES: usize = 2048;
+
+#[derive(Clone, Default)]
+struct Counters {
+    orders: Arc<AtomicUsize>,
+    flaky: Arc<AtomicUsize>,
+    big: Arc<AtomicUsize>,
+    tokens: Arc<AtomicUsize>,
+    open: Arc<AtomicUsize>,
+}
+
+/// `POST /orders` (and the other counted handlers): sleeps `x-delay-ms`, then answers 201 with
+/// the run number and the request body, a `Location`, and a header the layer does not store.
+async fn create(counter: &AtomicUsize, headers: &HeaderMap, body: Bytes) -> Response {
+    let run = counter.fetch_add(1, SeqCst) + 1;
+    let delay = headers.get("x-delay-ms").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()).unwrap_or(0);
+    tokio::time::sleep(Duration::from_millis(delay)).await;
+    let echo = String::from_utf8_lossy(&body).into_owned();
+    let json = serde_json::json!({ "run": run, "echo": echo });
+    (
+        StatusCode::CREATED,
+        [("location", format!("/orders/{run}")), ("x-not-stored", format!("run-{run}"))],
+        axum::Json(json),
+    )
+        .into_response()
+}
+
+struct TestServer {
+    base: String,
+    counters: Counters,
+    http: reqwest::Client,
+    task: tokio::task::JoinHandle<()>,
+    _fixture: Fixture,
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A client sending `x-client: name` with every request.
+fn client_as(name: &str) -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert("x-client", name.parse().unwrap());
+    reqwest::Client::builder().default_headers(headers).pool_max_idle_per_host(128).build().unwrap()
+}
+
+async fn server(backend: Backend) -> TestServer {
+    let fixture = Fixture::new(backend, 1).await;
+    let idem = fixture.idem_with(0, |b| b.max_result_bytes(MAX_RESULT_BYTES));
+    let layer = IdempotencyLayer::new(idem)
+        .client_scope(|req| req.headers.get("x-client").and_then(|v| v.to_str().ok()).map(str::to_owned));
+    let counters = Counters::default();
+    let app = Router::new()
+        .route(
+            "/orders",
+            post(|State(c): State<Counters>, h: HeaderMap, b: Bytes| async move { create(&c.orders, &h, b).await })
+                .get(|| async { "orders" })
+                .route_layer(layer.clone()),
+        )
+        .route(
+            "/wait",
+            post(|State(c): State<Counters>, h: HeaderMap, b: Bytes| async move { create(&c.orders, &h, b).await })
+                .route_layer(layer.clone().wait_in_flight(Duration::from_secs(20))),
+        )
+        .route(
+            "/flaky",
+            post(|State(c): State<Counters>| async move {
+                if c.flaky.fetch_add(1, SeqCst) == 0 {
+                    (StatusCode::SERVICE_UNAVAILABLE, "try again").into_response()
+                } else {
+                    (StatusCode::CREATED, "done").into_response()
+                }
+            })
+            .route_layer(layer.clone()),
+        )
+        .route(
+            "/big",
+            post(|State(c): State<Counters>| async move {
+                c.big.fetch_add(1, SeqCst);
+                "x".repeat(4 * MAX_RESULT_BYTES)
+            })
+            .route_layer(layer.clone()),
+        )
+        .route(
+            "/token-orders",
+            post(|State(c): State<Counters>, h: HeaderMap, b: Bytes| async move {
+                if h.contains_key("x-fail") {
+                    c.tokens.fetch_add(1, SeqCst);
+                    return (StatusCode::INTERNAL_SERVER_ERROR, "card network down").into_response();
+                }
+                create(&c.tokens, &h, b).await
+            })
+            .route_layer(layer.clone().require_token()),
+        )
+        .route(
+            "/open",
+            post(|State(c): State<Counters>, h: HeaderMap, b: Bytes| async move { create(&c.open, &h, b).await })
+                .route_layer(layer.clone().key_optional()),
+        )
+        .merge(layer.token_router())
+        .with_state(counters.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    });
+    TestServer { base, counters, http: client_as("alice"), task, _fixture: fixture }
+}
+
+impl TestServer {
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    fn post(&self, path: &str, key: Option<&str>, body: &str) -> reqwest::RequestBuilder {
+        let mut req = self.http.post(self.url(path)).body(body.to_owned());
+        if let Some(key) = key {
+            req = req.header("idempotency-key", format!("\"{key}\""));
+        }
+        req
+    }
+}
+
+/// Checks a problem+json response of `status` and type `#slug`, and returns its body.
+async fn problem(response: reqwest::Response, status: u16, slug: &str) -> Value {
+    assert_eq!(response.status().as_u16(), status, "expected a {status} {slug} problem");
+    assert_eq!(response.headers()["content-type"], "application/problem+json");
+    assert!(response.headers().get("idempotent-replayed").is_none());
+    let body: Value = response.json().await.expect("a JSON problem");
+    let type_uri = body["type"].as_str().expect("type");
+    assert!(type_uri.ends_with(&format!("#{slug}")), "type {type_uri} is not #{slug}");
+    assert_eq!(body["status"], status);
+    assert!(!body["title"].as_str().expect("title").is_empty());
+    assert!(!body["detail"].as_str().expect("detail").is_empty());
+    body
+}
+
+fn replayed(response: &reqwest::Response) -> bool {
+    response.headers().get("idempotent-replayed").map(|v| v == "true").unwrap_or(false)
+}
+
+async fn missing_key_is_400(backend: Backend) {
+    let s = server(backend).await;
+    let r = s.post("/orders", None, "{}").send().await.unwrap();
+    let body = problem(r, 400, "missing-key").await;
+    assert!(body["detail"].as_str().unwrap().contains("/orders"), "{body}");
+    let r = s.post("/token-orders", None, "{}").send().await.unwrap();
+    problem(r, 400, "missing-key").await;
+    assert_eq!(s.counters.orders.load(SeqCst), 0);
+    assert_eq!(s.counters.tokens.load(SeqCst), 0);
+}
+
+async fn malformed_or_overlong_key_is_400(backend: Backend) {
+    let s = server(backend).await;
+    let long = format!("\"{}\"", "k".repeat(256));
+    for raw in ["unquoted", "\"unterminated", r#""bad\escape""#, r#""""#, r#""a" trailing"#, r#""a","b""#, &long] {
+        let r = s.http.post(s.url("/orders")).header("idempotency-key", raw).body("{}").send().await.unwrap();
+        problem(r, 400, "malformed-key").await;
+    }
+    let r = s
+        .http
+        .post(s.url("/orders"))
+        .header("idempotency-key", "\"a\"")
+        .header("idempotency-key", "\"b\"")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    problem(r, 400, "malformed-key").await;
+    assert_eq!(s.counters.orders.load(SeqCst), 0);
+    // 255 bytes is still accepted.
+    let ok = "k".repeat(255);
+    let r = s.post("/orders", Some(&ok), "{}").send().await.unwrap();
+    assert_eq!(r.status(), 201);
+}
+
+async fn in_flight_duplicate_is_409(backend: Backend) {
+    let s = server(backend).await;
+    let first = s.post("/orders", Some("k1"), r#"{"sku":1}"#).header("x-delay-ms", "1500").send();
+    let first = tokio::spawn(first);
+    support::eventually(Duration::from_secs(5), "the first request reaches the handler", || async {
+        (s.counters.orders.load(SeqCst) == 1).then_some(())
+    })
+    .await;
+    let r = s.post("/orders", Some("k1"), r#"{"sku":1}"#).send().await.unwrap();
+    assert_eq!(r.headers()["retry-after"], "1");
+    problem(r, 409, "in-flight").await;
+    let r = first.await.unwrap().unwrap();
+    assert_eq!(r.status(), 201);
+    assert!(!replayed(&r));
+    // Once finished, the same request gets the replay.
+    let r = s.post("/orders", Some("k1"), r#"{"sku":1}"#).send().await.unwrap();
+    assert_eq!(r.status(), 201);
+    assert!(replayed(&r));
+    assert_eq!(s.counters.orders.load(SeqCst), 1);
+}
+
+async fn reused_key_with_another_request_is_422(backend: Backend) {
+    let s = server(backend).await;
+    // While the first is in flight...
+    let first = tokio::spawn(s.post("/orders", Some("k2"), r#"{"sku":1}"#).header("x-delay-ms", "1500").send());
+    support::eventually(Duration::from_secs(5), "the first request reaches the handler", || async {
+        (s.counters.orders.load(SeqCst) == 1).then_some(())
+    })
+    .await;
+    let r = s.post("/orders", Some("k2"), r#"{"sku":2}"#).send().await.unwrap();
+    problem(r, 422, "key-reused").await;
+    assert_eq!(first.await.unwrap().unwrap().status(), 201);
+    // ...and after it completed: another body, another path (query), another method.
+    let r = s.post("/orders", Some("k2"), r#"{"sku":2}"#).send().await.unwrap();
+    problem(r, 422, "key-reused").await;
+    let r = s.post("/orders?express=1", Some("k2"), r#"{"sku":1}"#).send().await.unwrap();
+    problem(r, 422, "key-reused").await;
+    let r = s.post("/wait", Some("k2"), r#"{"sku":1}"#).send().await.unwrap();
+    problem(r, 422, "key-reused").await;
+    assert_eq!(s.counters.orders.load(SeqCst), 1);
+}
+
+async fn replay_is_identical_and_marked(backend: Backend) {
+    let s = server(backend).await;
+    let body = r#"{"sku":"tea","qty":2}"#;
+    let first = s.post("/orders", Some("k3"), body).send().await.unwrap();
+    assert_eq!(first.status(), 201);
+    assert!(!replayed(&first), "the first response is not a replay");
+    let first_headers = first.headers().clone();
+    assert_eq!(first_headers["x-not-stored"], "run-1", "the first response keeps all its headers");
+    let first_body = first.bytes().await.unwrap();
+    for _ in 0..3 {
+        let again = s.post("/orders", Some("k3"), body).send().await.unwrap();
+        assert_eq!(again.status(), 201);
+        assert!(replayed(&again), "replays carry Idempotent-Replayed: true");
+        for name in ["content-type", "location"] {
+            assert_eq!(again.headers()[name], first_headers[name], "{name} is replayed");
+        }
+        assert!(again.headers().get("x-not-stored").is_none(), "only the configured headers are stored");
+        assert_eq!(again.bytes().await.unwrap(), first_body);
+    }
+    assert_eq!(s.counters.orders.load(SeqCst), 1);
+    let v: Value = serde_json::from_slice(&first_body).unwrap();
+    assert_eq!(v["run"], 1);
+    assert_eq!(v["echo"], body);
+}
+
+async fn server_error_is_not_stored_and_the_retry_runs(backend: Backend) {
+    let s = server(backend).await;
+    let r = s.post("/flaky", Some("k4"), "pay").send().await.unwrap();
+    assert_eq!(r.status(), 503, "the 5xx is passed through");
+    assert!(!replayed(&r));
+    assert_eq!(r.text().await.unwrap(), "try again");
+    let r = s.post("/flaky", Some("k4"), "pay").send().await.unwrap();
+    assert_eq!(r.status(), 201, "the retry ran the handler again");
+    assert!(!replayed(&r));
+    assert_eq!(s.counters.flaky.load(SeqCst), 2);
+    let r = s.post("/flaky", Some("k4"), "pay").send().await.unwrap();
+    assert_eq!(r.status(), 201);
+    assert!(replayed(&r), "the success is stored");
+    assert_eq!(r.text().await.unwrap(), "done");
+    assert_eq!(s.counters.flaky.load(SeqCst), 2);
+}
+
+async fn oversized_response_is_not_replayable(backend: Backend) {
+    let s = server(backend).await;
+    let r = s.post("/big", Some("k5"), "").send().await.unwrap();
+    assert_eq!(r.status(), 200, "the first caller gets the response");
+    assert_eq!(r.bytes().await.unwrap().len(), 4 * MAX_RESULT_BYTES);
+    let r = s.post("/big", Some("k5"), "").send().await.unwrap();
+    problem(r, 409, "not-replayable").await;
+    assert_eq!(s.counters.big.load(SeqCst), 1, "completed: not run again");
+}
+
+async fn hundred_concurrent_identical_requests_run_once(backend: Backend) {
+    let s = server(backend).await;
+    let requests = (0..100).map(|_| s.post("/orders", Some("k6"), r#"{"sku":9}"#).header("x-delay-ms", "300").send());
+    let responses = futures_join_all(requests).await;
+    let (mut fresh, mut replays, mut conflicts) = (0, 0, 0);
+    let mut first_body = None;
+    for r in responses {
+        let r = r.unwrap();
+        match (r.status().as_u16(), replayed(&r)) {
+            (201, false) => {
+                fresh += 1;
+                first_body = Some(r.bytes().await.unwrap());
+            }
+            (201, true) => {
+                replays += 1;
+                let v: Value = r.json().await.unwrap();
+                assert_eq!(v["run"], 1);
+            }
+            (409, _) => {
+                conflicts += 1;
+                problem(r, 409, "in-flight").await;
+            }
+            (status, _) => panic!("unexpected status {status}"),
+        }
+    }
+    assert_eq!(fresh, 1, "exactly one request ran ({replays} replays, {conflicts} conflicts)");
+    assert_eq!(fresh + replays + conflicts, 100);
+    assert_eq!(s.counters.orders.load(SeqCst), 1, "the handler ran once");
+    let v: Value = serde_json::from_slice(&first_body.unwrap()).unwrap();
+    assert_eq!(v["run"], 1);
+}
+
+async fn hundred_concurrent_waiting_requests_get_the_replay(backend: Backend) {
+    let s = server(backend).await;
+    let requests = (0..100).map(|_| s.post("/wait", Some("k7"), r#"{"sku":9}"#).header("x-delay-ms", "300").send());
+    let responses = futures_join_all(requests).await;
+    let mut fresh = 0;
+    for r in responses {
+        let r = r.unwrap();
+        assert_eq!(r.status(), 201, "a waiting duplicate gets the first response");
+        if !replayed(&r) {
+            fresh += 1;
+        }
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["run"], 1);
+    }
+    assert_eq!(fresh, 1);
+    assert_eq!(s.counters.orders.load(SeqCst), 1, "the handler ran once");
+}
+
+async fn two_clients_with_one_key_do_not_collide(backend: Backend) {
+    let s = server(backend).await;
+    let bob = client_as("bob");
+    let alice_first = s.post("/orders", Some("shared"), "alice's order").send().await.unwrap();
+    assert_eq!(alice_first.status(), 201);
+    // Bob, same key and a different body: not a key reuse, his own request.
+    let bob_first =
+        bob.post(s.url("/orders")).header("idempotency-key", "\"shared\"").body("bob's order").send().await.unwrap();
+    assert_eq!(bob_first.status(), 201);
+    assert!(!replayed(&bob_first));
+    // Mallory, same key and alice's very body: not alice's replay.
+    let mallory = client_as("mallory");
+    let r = mallory
+        .post(s.url("/orders"))
+        .header("idempotency-key", "\"shared\"")
+        .body("alice's order")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    assert!(!replayed(&r), "another client never reads alice's replay");
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["run"], 3);
+    assert_eq!(s.counters.orders.load(SeqCst), 3);
+    // Each gets their own replay.
+    let r = s.post("/orders", Some("shared"), "alice's order").send().await.unwrap();
+    assert!(replayed(&r));
+    assert_eq!(r.json::<Value>().await.unwrap()["echo"], "alice's order");
+    let r =
+        bob.post(s.url("/orders")).header("idempotency-key", "\"shared\"").body("bob's order").send().await.unwrap();
+    assert!(replayed(&r));
+    assert_eq!(r.json::<Value>().await.unwrap()["echo"], "bob's order");
+    assert_eq!(s.counters.orders.load(SeqCst), 3);
+}
+
+async fn unidentified_client_is_403(backend: Backend) {
+    let s = server(backend).await;
+    let anonymous = reqwest::Client::new();
+    let r = anonymous.post(s.url("/orders")).header("idempotency-key", "\"k8\"").body("{}").send().await.unwrap();
+    problem(r, 403, "unidentified-client").await;
+    let r = anonymous.post(s.url("/idempotent/token")).send().await.unwrap();
+    problem(r, 403, "unidentified-client").await;
+    assert_eq!(s.counters.orders.load(SeqCst), 0);
+}
+
+async fn issue_token(http: &reqwest::Client, s: &TestServer) -> String {
+    let r = http.post(s.url("/idempotent/token")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["cache-control"], "no-store");
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["expires_in"], 3600);
+    v["token"].as_str().expect("a token").to_owned()
+}
+
+async fn token_is_consumed_once_and_usable_after_a_failure(backend: Backend) {
+    let s = server(backend).await;
+    let token = issue_token(&s.http, &s).await;
+    assert_eq!(token.len(), 22);
+    // A key the server did not issue is refused.
+    let r = s.post("/token-orders", Some("made-up-token"), "order").send().await.unwrap();
+    problem(r, 400, "invalid-token").await;
+    // Another client cannot use alice's token.
+    let r = client_as("bob")
+        .post(s.url("/token-orders"))
+        .header("idempotency-key", format!("\"{token}\""))
+        .body("order")
+        .send()
+        .await
+        .unwrap();
+    problem(r, 400, "invalid-token").await;
+    assert_eq!(s.counters.tokens.load(SeqCst), 0);
+    // A failed attempt (5xx) gives the token back.
+    let r = s.post("/token-orders", Some(&token), "order").header("x-fail", "1").send().await.unwrap();
+    assert_eq!(r.status(), 500);
+    assert_eq!(r.text().await.unwrap(), "card network down");
+    let r = s.post("/token-orders", Some(&token), "order").send().await.unwrap();
+    assert_eq!(r.status(), 201);
+    assert!(!replayed(&r));
+    assert_eq!(s.counters.tokens.load(SeqCst), 2);
+    // Used: replayed, not run again; with another body: 422.
+    let r = s.post("/token-orders", Some(&token), "order").send().await.unwrap();
+    assert_eq!(r.status(), 201);
+    assert!(replayed(&r));
+    let r = s.post("/token-orders", Some(&token), "another order").send().await.unwrap();
+    problem(r, 422, "key-reused").await;
+    assert_eq!(s.counters.tokens.load(SeqCst), 2);
+    // A fresh token is a fresh order; a client-made key is not a token.
+    let second = issue_token(&s.http, &s).await;
+    assert_ne!(second, token);
+    let r = s.post("/token-orders", Some(&second), "order").send().await.unwrap();
+    assert!(!replayed(&r));
+    assert_eq!(s.counters.tokens.load(SeqCst), 3);
+}
+
+async fn unguarded_requests_pass_through(backend: Backend) {
+    let s = server(backend).await;
+    // GET is not guarded: no key needed, and a key is ignored.
+    let r = s.http.get(s.url("/orders")).send().await.unwrap();
+    assert_eq!(r.text().await.unwrap(), "orders");
+    let r = s.http.get(s.url("/orders")).header("idempotency-key", "not a sf-string").send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    // A route with an optional key runs keyless requests every time, keyed ones once.
+    for _ in 0..2 {
+        let r = s.post("/open", None, "x").send().await.unwrap();
+        assert!(!replayed(&r));
+    }
+    assert_eq!(s.counters.open.load(SeqCst), 2);
+    s.post("/open", Some("k9"), "x").send().await.unwrap();
+    let r = s.post("/open", Some("k9"), "x").send().await.unwrap();
+    assert!(replayed(&r));
+    assert_eq!(s.counters.open.load(SeqCst), 3);
+}
+
+/// Awaits all futures concurrently (each on its own task), in order.
+async fn futures_join_all<F>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let handles: Vec<_> = futures.into_iter().map(tokio::spawn).collect();
+    let mut out = Vec::with_capacity(handles.len());
+    for h in handles {
+        out.push(h.await.expect("request task"));
+    }
+    out
+}
