@@ -16,7 +16,7 @@
 //! - naive replay: `SET key 1 NX EX 30` finds the key, then `GET key`, two round trips.
 
 #[path = "../tests/support/mod.rs"]
-#[allow(dead_code, unused_imports)]
+#[allow(unused_imports)]
 mod support;
 
 use std::future::Future;
