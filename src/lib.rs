@@ -18,3 +18,29 @@
 //! ```
 
 pub use idempotent_core::*;
+
+pub use idempotent_macros::idempotent;
+
+/// What the `#[idempotent]` attribute's expansion names, re-exported here so that the macro and
+/// the runtime it calls always come from the same version of this crate. Not public API.
+#[doc(hidden)]
+pub mod __private {
+    pub use idempotent_core::{global, Call, OnConflict, OnDuplicate};
+
+    use serde::de::DeserializeOwned;
+    use serde::Serialize;
+
+    /// The return types an `#[idempotent]` function may have.
+    #[diagnostic::on_unimplemented(
+        message = "an `#[idempotent]` function must return `Result<T, E>`, not `{Self}`",
+        label = "expected `Result<T, E>` with `T: Serialize + DeserializeOwned` and `E: From<idempotent::Error>`",
+        note = "the `Ok` value is stored and replayed (serde); the error type takes the library's errors (conflict, duplicate, store failure...)"
+    )]
+    pub trait IdempotentReturn {}
+
+    impl<T: Serialize + DeserializeOwned, E: From<idempotent_core::Error>> IdempotentReturn for Result<T, E> {}
+
+    /// Called by the expansion, spanned on the return type, so that a wrong one is reported there.
+    #[inline(always)]
+    pub fn check_return<R: IdempotentReturn>() {}
+}

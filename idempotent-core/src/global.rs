@@ -40,12 +40,12 @@ pub struct Global {
 
 impl Global {
     /// The runtime, if [`init`] was called.
-    pub fn get(&self) -> Option<&'static Idempotency> {
+    pub fn get(self) -> Option<&'static Idempotency> {
         GLOBAL.get()
     }
 
     /// [`Idempotency::run`] on the global runtime.
-    pub async fn run<T, E, F, Fut>(&self, call: Call, body: F) -> Result<T, E>
+    pub async fn run<T, E, F, Fut>(self, call: Call, body: F) -> Result<T, E>
     where
         T: Serialize + DeserializeOwned,
         E: From<Error>,
@@ -59,7 +59,7 @@ impl Global {
     }
 
     /// [`Idempotency::issue_token`] on the global runtime.
-    pub async fn issue_token(&self, ttl: Duration) -> Result<String, Error> {
+    pub async fn issue_token(self, ttl: Duration) -> Result<String, Error> {
         match GLOBAL.get() {
             Some(idempotency) => idempotency.issue_token(ttl).await,
             None => Err(Error::NotConfigured { key: "token".into() }),

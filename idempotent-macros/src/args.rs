@@ -1,0 +1,189 @@
+//! The attribute's arguments, parsed with `syn`: every malformed one is an error spanned on the
+//! offending token.
+
+use std::time::Duration;
+
+use proc_macro2::Span;
+use syn::ext::IdentExt;
+use syn::parse::{Parse, ParseStream};
+use syn::{parenthesized, Expr, Ident, LitBool, LitStr, Path, Token};
+
+use crate::duration::parse_duration;
+
+/// The arguments every attribute may take, for the "unknown argument" message.
+const KNOWN: &str = "key, mode, ttl, keep, on_duplicate, on_conflict, fingerprint, scope, \
+                     abort_on_lease_lost, store, crate";
+
+/// Parameter or token mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Param,
+    Token,
+}
+
+/// `on_conflict = reject | wait("5s")`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum OnConflict {
+    Reject,
+    Wait(Duration),
+}
+
+/// The parsed `#[idempotent(...)]` arguments; `None` where the attribute says nothing.
+#[derive(Default)]
+pub(crate) struct Args {
+    pub key: Option<LitStr>,
+    /// The mode and the token that set it.
+    pub mode: Option<(Mode, Ident)>,
+    pub ttl: Option<Duration>,
+    pub keep: Option<Duration>,
+    /// `true` for `reject`.
+    pub reject_duplicates: Option<bool>,
+    pub on_conflict: Option<OnConflict>,
+    pub fingerprint: Option<Vec<Ident>>,
+    pub scope: Option<LitStr>,
+    pub abort_on_lease_lost: Option<bool>,
+    pub store: Option<Expr>,
+    pub krate: Option<Path>,
+    /// Every argument name given, for the "given twice" check.
+    seen: Vec<String>,
+}
+
+impl Parse for Args {
+    fn parse(input: ParseStream) -> syn::Result<Self> {
+        let mut args = Args::default();
+        while !input.is_empty() {
+            let name = if input.peek(Token![crate]) {
+                let token: Token![crate] = input.parse()?;
+                Ident::new("crate", token.span)
+            } else {
+                Ident::parse_any(input)?
+            };
+            let text = name.to_string();
+            if args.seen.contains(&text) {
+                return Err(syn::Error::new(name.span(), format!("`{text}` is given twice")));
+            }
+            args.seen.push(text.clone());
+            match text.as_str() {
+                "key" => args.key = Some(value(input, &name)?),
+                "mode" => {
+                    let mode: Ident = value(input, &name)?;
+                    args.mode = Some(match mode.to_string().as_str() {
+                        "Param" => (Mode::Param, mode),
+                        "Token" => (Mode::Token, mode),
+                        _ => return Err(syn::Error::new(mode.span(), "expected `Param` or `Token`")),
+                    });
+                }
+                "ttl" => args.ttl = Some(duration(input, &name)?),
+                "keep" => args.keep = Some(duration(input, &name)?),
+                "on_duplicate" => {
+                    let policy: Ident = value(input, &name)?;
+                    args.reject_duplicates = Some(match policy.to_string().as_str() {
+                        "replay" => false,
+                        "reject" => true,
+                        _ => return Err(syn::Error::new(policy.span(), "expected `replay` or `reject`")),
+                    });
+                }
+                "on_conflict" => {
+                    let policy: Ident = value(input, &name)?;
+                    args.on_conflict = Some(match policy.to_string().as_str() {
+                        "reject" => OnConflict::Reject,
+                        "wait" if input.peek(syn::token::Paren) => {
+                            let inner;
+                            parenthesized!(inner in input);
+                            let patience = duration_value(&inner)?;
+                            if !inner.is_empty() {
+                                return Err(inner.error("expected one duration: `wait(\"5s\")`"));
+                            }
+                            OnConflict::Wait(patience)
+                        }
+                        "wait" => {
+                            return Err(syn::Error::new(policy.span(), "`wait` needs a duration: `wait(\"5s\")`"))
+                        }
+                        _ => return Err(syn::Error::new(policy.span(), "expected `reject` or `wait(\"5s\")`")),
+                    });
+                }
+                "fingerprint" => {
+                    input.parse::<Token![=]>()?;
+                    let names = if input.peek(syn::token::Paren) {
+                        let inner;
+                        let parens = parenthesized!(inner in input);
+                        let names = inner.parse_terminated(Ident::parse, Token![,])?;
+                        if names.is_empty() {
+                            return Err(syn::Error::new(parens.span.join(), "name at least one argument"));
+                        }
+                        names.into_iter().collect()
+                    } else {
+                        vec![input.parse::<Ident>().map_err(|e| {
+                            syn::Error::new(e.span(), "expected an argument name or a tuple of them: `(a, b)`")
+                        })?]
+                    };
+                    args.fingerprint = Some(names);
+                }
+                "scope" => {
+                    let scope: LitStr = value(input, &name)?;
+                    if scope.value().is_empty() {
+                        return Err(syn::Error::new(scope.span(), "the scope is empty"));
+                    }
+                    args.scope = Some(scope);
+                }
+                "abort_on_lease_lost" => {
+                    args.abort_on_lease_lost =
+                        Some(if input.peek(Token![=]) { value::<LitBool>(input, &name)?.value } else { true });
+                }
+                "store" => args.store = Some(value(input, &name)?),
+                "crate" => args.krate = Some(value(input, &name)?),
+                _ => {
+                    return Err(syn::Error::new(
+                        name.span(),
+                        format!("unknown argument `{text}`; expected one of: {KNOWN}"),
+                    ))
+                }
+            }
+            if input.is_empty() {
+                break;
+            }
+            input.parse::<Token![,]>()?;
+        }
+        Ok(args)
+    }
+}
+
+/// `= value` after an argument's name.
+fn value<T: Parse>(input: ParseStream, name: &Ident) -> syn::Result<T> {
+    if !input.peek(Token![=]) {
+        return Err(syn::Error::new(name.span(), format!("`{name}` needs a value: `{name} = ...`")));
+    }
+    input.parse::<Token![=]>()?;
+    input.parse()
+}
+
+/// `= "30s"` or `= 30` after an argument's name.
+fn duration(input: ParseStream, name: &Ident) -> syn::Result<Duration> {
+    if !input.peek(Token![=]) {
+        return Err(syn::Error::new(name.span(), format!("`{name}` needs a value: `{name} = \"30s\"`")));
+    }
+    input.parse::<Token![=]>()?;
+    duration_value(input)
+}
+
+/// A duration written `"500ms"`, `"30s"`, `"5m"`, `"24h"`, `"7d"`, or an integer of seconds,
+/// parsed by the runtime's own parser.
+fn duration_value(input: ParseStream) -> syn::Result<Duration> {
+    let (text, span): (String, Span) = if input.peek(LitStr) {
+        let lit: LitStr = input.parse()?;
+        (lit.value(), lit.span())
+    } else if input.peek(syn::LitInt) {
+        let lit: syn::LitInt = input.parse()?;
+        if !lit.suffix().is_empty() {
+            return Err(syn::Error::new(lit.span(), "write seconds as a plain integer (`30`) or a string (`\"30s\"`)"));
+        }
+        (lit.base10_digits().to_owned(), lit.span())
+    } else {
+        let found: proc_macro2::TokenTree = input.parse()?;
+        return Err(syn::Error::new(
+            found.span(),
+            "expected a duration: \"500ms\", \"30s\", \"5m\", \"24h\", \"7d\" or 30",
+        ));
+    };
+    parse_duration(&text).map_err(|message| syn::Error::new(span, message))
+}

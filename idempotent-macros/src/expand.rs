@@ -1,0 +1,355 @@
+//! The rewrite: checks the function against its arguments, then replaces its body with a call
+//! of the runtime's public API (`Call` built from the arguments, then `<store>.run(call, body)`).
+
+use proc_macro2::{Span, TokenStream};
+use quote::{quote, quote_spanned, ToTokens};
+use syn::spanned::Spanned;
+use syn::{AttrStyle, FnArg, Ident, ItemFn, LitStr, Pat, ReturnType, Type};
+
+use crate::args::{Args, Mode, OnConflict};
+use crate::template::{self, Piece};
+
+/// Expands `#[idempotent(args)] item`. On any error, the function is emitted unchanged beside
+/// the errors, so that the rest of the crate (and the IDE) still sees it.
+pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
+    let function: ItemFn = match syn::parse2(item.clone()) {
+        Ok(f) => f,
+        Err(e) => {
+            let message = format!("`#[idempotent]` goes on an `async fn` with a body: {e}");
+            let errors = syn::Error::new(e.span(), message).to_compile_error();
+            return quote!(#errors #item);
+        }
+    };
+    let args = syn::parse2::<Args>(args);
+    match args.and_then(|args| rewrite(&args, &function)) {
+        Ok(tokens) => tokens,
+        Err(e) => {
+            let errors = e.to_compile_error();
+            quote!(#errors #function)
+        }
+    }
+}
+
+/// The rewritten function, or every error found.
+fn rewrite(args: &Args, function: &ItemFn) -> syn::Result<TokenStream> {
+    let sig = &function.sig;
+    let mut errors: Vec<syn::Error> = Vec::new();
+
+    if sig.asyncness.is_none() {
+        errors.push(syn::Error::new(
+            sig.fn_token.span,
+            "`#[idempotent]` needs an `async fn`: the guarded body is awaited under a lease",
+        ));
+    }
+    // A path may be `Result` or an alias of it: the trait bound of `check_return` decides. A
+    // tuple, reference, `impl Trait`... cannot be.
+    let return_type = match &sig.output {
+        ReturnType::Type(_, ty) if matches!(**ty, Type::Path(_) | Type::Group(_) | Type::Paren(_) | Type::Macro(_)) => {
+            Some(&**ty)
+        }
+        ReturnType::Type(_, ty) => {
+            errors.push(syn::Error::new(ty.span(), return_type_message()));
+            None
+        }
+        ReturnType::Default => {
+            errors.push(syn::Error::new(sig.paren_token.span.close(), return_type_message()));
+            None
+        }
+    };
+
+    // The names a template or fingerprint may use.
+    let has_self = sig.receiver().is_some();
+    let arguments: Vec<&Ident> = sig
+        .inputs
+        .iter()
+        .filter_map(|arg| match arg {
+            FnArg::Typed(typed) => match &*typed.pat {
+                Pat::Ident(pat) => Some(&pat.ident),
+                _ => None,
+            },
+            FnArg::Receiver(_) => None,
+        })
+        .collect();
+    let known = || {
+        let mut names: Vec<String> = arguments.iter().map(|a| a.to_string()).collect();
+        if has_self {
+            names.insert(0, "self".into());
+        }
+        if names.is_empty() {
+            format!("`{}` takes no arguments", sig.ident)
+        } else {
+            format!("the arguments of `{}` are: {}", sig.ident, names.join(", "))
+        }
+    };
+
+    let mode = args.mode.as_ref().map_or(Mode::Param, |(m, _)| *m);
+    let key = match (&args.key, &args.mode) {
+        (Some(key), _) => match key_expression(key, &arguments, has_self, &known) {
+            Ok(tokens) => Some(tokens),
+            Err(e) => {
+                errors.push(e);
+                None
+            }
+        },
+        (None, Some((Mode::Token, token))) => {
+            errors.push(syn::Error::new(
+                token.span(),
+                "token mode needs a `key` naming the argument that carries the token: `key = \"{token}\"`",
+            ));
+            None
+        }
+        (None, _) => {
+            errors.push(syn::Error::new(
+                Span::call_site(),
+                "`#[idempotent]` needs a `key`: a template of the arguments, like `key = \"order:{order.id}\"`",
+            ));
+            None
+        }
+    };
+    if let Some(names) = &args.fingerprint {
+        for name in names {
+            if !arguments.contains(&name) {
+                errors.push(syn::Error::new(
+                    name.span(),
+                    format!("`fingerprint` names `{name}`, which is not an argument; {}", known()),
+                ));
+            }
+        }
+    }
+
+    if let Some(first) = errors.into_iter().reduce(|mut all, e| {
+        all.combine(e);
+        all
+    }) {
+        return Err(first);
+    }
+    let (Some(key), Some(return_type)) = (key, return_type) else {
+        unreachable!("every missing piece pushed an error")
+    };
+
+    // What the runtime checks (the return type's bounds) is reported on the return type.
+    let ret = return_type.span();
+    let krate = match &args.krate {
+        Some(path) => path.to_token_stream(),
+        None => quote_spanned!(ret=> ::idempotent),
+    };
+    let private = quote!(#krate::__private);
+
+    let constructor = match mode {
+        Mode::Param => quote!(#private::Call::new(__idem_key)),
+        Mode::Token => quote!(#private::Call::token(__idem_key)),
+    };
+    let mut setters = TokenStream::new();
+    match (&args.scope, mode) {
+        (Some(scope), _) => setters.extend(quote!(.scope(#scope))),
+        (None, Mode::Param) => {
+            let name = format!("::{}", syn::ext::IdentExt::unraw(&sig.ident));
+            setters.extend(quote!(.scope(::core::concat!(::core::module_path!(), #name))));
+        }
+        (None, Mode::Token) => {}
+    }
+    if let Some(ttl) = args.ttl {
+        let ms = millis(ttl);
+        setters.extend(quote!(.ttl(::core::time::Duration::from_millis(#ms))));
+    }
+    if let Some(keep) = args.keep {
+        let ms = millis(keep);
+        setters.extend(quote!(.keep(::core::time::Duration::from_millis(#ms))));
+    }
+    if let Some(reject) = args.reject_duplicates {
+        let policy = if reject { quote!(Reject) } else { quote!(Replay) };
+        setters.extend(quote!(.on_duplicate(#private::OnDuplicate::#policy)));
+    }
+    match args.on_conflict {
+        Some(OnConflict::Reject) => setters.extend(quote!(.on_conflict(#private::OnConflict::Reject))),
+        Some(OnConflict::Wait(patience)) => {
+            let ms = millis(patience);
+            setters.extend(quote!(.on_conflict(#private::OnConflict::Wait(::core::time::Duration::from_millis(#ms)))));
+        }
+        None => {}
+    }
+    if let Some(names) = &args.fingerprint {
+        let payload = match names.as_slice() {
+            [one] => quote_spanned!(one.span()=> &#one),
+            many => quote!(&(#(&#many),*)),
+        };
+        setters.extend(quote!(.fingerprint(#payload)));
+    }
+    if let Some(abort) = args.abort_on_lease_lost {
+        setters.extend(quote!(.abort_on_lease_lost(#abort)));
+    }
+
+    // The call of `run` is spanned on the return type too: the bounds it checks (`T: Serialize`,
+    // `E: From<Error>`) are about the return type.
+    let store = match &args.store {
+        Some(expr) => quote_spanned!(ret=> (#expr)),
+        None => quote_spanned!(ret=> #private::global()),
+    };
+    let check = quote_spanned!(ret=> #private::check_return::<#return_type>(););
+    let block = &function.block;
+    let run = quote_spanned!(ret=> #store.run(__idem_call, move || async move #block).await);
+
+    let ItemFn { attrs, vis, sig, .. } = function;
+    let outer = attrs.iter().filter(|a| matches!(a.style, AttrStyle::Outer));
+    let inner = attrs.iter().filter(|a| matches!(a.style, AttrStyle::Inner(_)));
+    let body = quote_spanned! {ret=> {
+        #(#inner)*
+        #check
+        let __idem_key = #key;
+        let __idem_call = #constructor #setters;
+        #run
+    }};
+    Ok(quote! {
+        #(#outer)*
+        #vis #sig #body
+    })
+}
+
+/// What an `#[idempotent]` function must return.
+fn return_type_message() -> &'static str {
+    "an `#[idempotent]` function must return `Result<T, E>`, with `T: Serialize + DeserializeOwned` \
+     (the stored, replayed value) and `E: From<idempotent::Error>`"
+}
+
+/// A duration as a `u64` literal of milliseconds (the parser caps durations at `u64::MAX` ms).
+fn millis(d: std::time::Duration) -> proc_macro2::Literal {
+    proc_macro2::Literal::u64_suffixed(d.as_millis() as u64)
+}
+
+/// `::std::format!("pay:{}:{}", cb.provider, cb.txn_id)`, every name checked against the
+/// function's arguments; errors and values are spanned on the template literal.
+fn key_expression(
+    key: &LitStr,
+    arguments: &[&Ident],
+    has_self: bool,
+    known: &dyn Fn() -> String,
+) -> syn::Result<TokenStream> {
+    let span = key.span();
+    let pieces = template::parse(&key.value()).map_err(|message| syn::Error::new(span, message))?;
+    if pieces.is_empty() {
+        return Err(syn::Error::new(span, "the key template is empty"));
+    }
+    let mut format = String::new();
+    let mut values = Vec::new();
+    for piece in pieces {
+        match piece {
+            Piece::Text(text) => format.push_str(&text.replace('{', "{{").replace('}', "}}")),
+            Piece::Field(path) => {
+                let root = &path[0];
+                let value = if root == "self" {
+                    if !has_self {
+                        return Err(syn::Error::new(
+                            span,
+                            format!("`{{{}}}`: there is no `self` here; {}", path.join("."), known()),
+                        ));
+                    }
+                    quote_spanned!(span=> self)
+                } else if arguments.iter().any(|a| a == &root) {
+                    Ident::new(root, span).into_token_stream()
+                } else {
+                    return Err(syn::Error::new(
+                        span,
+                        format!("`{{{}}}`: `{root}` is not an argument; {}", path.join("."), known()),
+                    ));
+                };
+                let fields = path[1..].iter().map(|field| match field.parse::<u32>() {
+                    Ok(index) => syn::Member::Unnamed(syn::Index { index, span }),
+                    Err(_) => syn::Member::Named(Ident::new(field, span)),
+                });
+                format.push_str("{}");
+                values.push(quote_spanned!(span=> #value #(.#fields)*));
+            }
+        }
+    }
+    // A constant key, or a key of one value, needs no `format!` (which clippy would flag).
+    Ok(match (values.as_slice(), format.as_str()) {
+        ([], _) => {
+            let text = LitStr::new(&format.replace("{{", "{").replace("}}", "}"), span);
+            quote_spanned!(span=> ::std::string::String::from(#text))
+        }
+        ([value], "{}") => quote_spanned!(span=> ::std::string::ToString::to_string(&#value)),
+        _ => {
+            let format = LitStr::new(&format, span);
+            quote_spanned!(span=> ::std::format!(#format #(, #values)*))
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The expansion is a plain call of the runtime's public API: a key, a `Call` built with
+    /// its setters, and `run` on the store. (`cargo test -p idempotent-macros -- --nocapture`
+    /// prints it.)
+    #[test]
+    fn expansion_is_a_plain_call_of_the_runtime() {
+        let args = quote!(key = "pay:{cb.provider}:{cb.txn_id}", ttl = "30s", keep = "24h", on_conflict = wait("5s"));
+        let item = quote! {
+            async fn on_payment_callback(cb: Callback) -> Result<Receipt, AppError> {
+                charge(&cb).await
+            }
+        };
+        let out = expand(args, item).to_string();
+        println!("{out}");
+        let expected = quote! {
+            async fn on_payment_callback(cb: Callback) -> Result<Receipt, AppError> {
+                ::idempotent::__private::check_return::<Result<Receipt, AppError> >();
+                let __idem_key = ::std::format!("pay:{}:{}", cb.provider, cb.txn_id);
+                let __idem_call = ::idempotent::__private::Call::new(__idem_key)
+                    .scope(::core::concat!(::core::module_path!(), "::on_payment_callback"))
+                    .ttl(::core::time::Duration::from_millis(30000u64))
+                    .keep(::core::time::Duration::from_millis(86400000u64))
+                    .on_conflict(::idempotent::__private::OnConflict::Wait(::core::time::Duration::from_millis(5000u64)));
+                ::idempotent::__private::global().run(__idem_call, move || async move {
+                    charge(&cb).await
+                }).await
+            }
+        };
+        assert_eq!(out, expected.to_string());
+    }
+
+    #[test]
+    fn token_mode_has_no_default_scope_and_escapes_braces() {
+        let args = quote!(mode = Token, key = "{{{token}}}", store = self.idem, crate = my::idem);
+        let item = quote!(
+            async fn submit(&self, token: String) -> Result<u8, E> {
+                Ok(1)
+            }
+        );
+        let out = expand(args, item).to_string();
+        assert!(out.contains(r#"my :: idem :: __private :: Call :: token (__idem_key) ;"#), "{out}");
+        assert!(out.contains(r#"format ! ("{{{}}}" , token)"#), "{out}");
+        assert!(out.contains("(self . idem) . run (__idem_call , move || async move"), "{out}");
+        let out = expand(
+            quote!(key = "{token}", mode = Token),
+            quote!(
+                async fn f(token: &str) -> R<u8> {
+                    Ok(1)
+                }
+            ),
+        );
+        assert!(out.to_string().contains(":: std :: string :: ToString :: to_string (& token)"), "{out}");
+        let out = expand(
+            quote!(key = "nightly-{{report}}"),
+            quote!(
+                async fn f() -> R<u8> {
+                    Ok(1)
+                }
+            ),
+        );
+        assert!(out.to_string().contains(r#":: std :: string :: String :: from ("nightly-{report}")"#), "{out}");
+    }
+
+    #[test]
+    fn errors_keep_the_function() {
+        let item = quote!(
+            async fn f(a: u8) -> Result<u8, E> {
+                Ok(a)
+            }
+        );
+        let out = expand(quote!(key = "{b}", ttl = "soon"), item).to_string();
+        assert!(out.contains("compile_error"), "{out}");
+        assert!(out.contains("async fn f (a : u8) -> Result < u8 , E > { Ok (a) }"), "{out}");
+    }
+}

@@ -1,0 +1,21 @@
+//! A mode other than Param or Token is an error on it.
+
+use idempotent::idempotent;
+
+#[derive(Debug)]
+struct AppError;
+
+impl From<idempotent::Error> for AppError {
+    fn from(_: idempotent::Error) -> Self {
+        AppError
+    }
+}
+
+#[idempotent(key = "{id}", mode = Params)]
+async fn f(id: u32) -> Result<u32, AppError> {
+    Ok(id)
+}
+
+fn main() {
+    let _ = f(1);
+}

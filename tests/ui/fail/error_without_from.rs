@@ -1,0 +1,15 @@
+//! An error type without `From<idempotent::Error>` is an error on the return type.
+
+use idempotent::idempotent;
+
+#[derive(Debug)]
+struct PlainError;
+
+#[idempotent(key = "{id}")]
+async fn f(id: u32) -> Result<u32, PlainError> {
+    Ok(id)
+}
+
+fn main() {
+    let _ = f(1);
+}

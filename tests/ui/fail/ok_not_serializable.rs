@@ -1,0 +1,24 @@
+//! An `Ok` type that cannot be stored is an error on the return type naming `Serialize`/`Deserialize`.
+
+use idempotent::idempotent;
+
+#[derive(Debug)]
+struct AppError;
+
+impl From<idempotent::Error> for AppError {
+    fn from(_: idempotent::Error) -> Self {
+        AppError
+    }
+}
+
+struct Receipt;
+
+#[idempotent(key = "{id}")]
+async fn f(id: u32) -> Result<Receipt, AppError> {
+    let _ = id;
+    Ok(Receipt)
+}
+
+fn main() {
+    let _ = f(1);
+}

@@ -1,0 +1,21 @@
+//! An argument given twice is an error on its second occurrence.
+
+use idempotent::idempotent;
+
+#[derive(Debug)]
+struct AppError;
+
+impl From<idempotent::Error> for AppError {
+    fn from(_: idempotent::Error) -> Self {
+        AppError
+    }
+}
+
+#[idempotent(key = "{id}", ttl = "30s", ttl = "5s")]
+async fn f(id: u32) -> Result<u32, AppError> {
+    Ok(id)
+}
+
+fn main() {
+    let _ = f(1);
+}

@@ -1,0 +1,21 @@
+//! `{self.field}` in a function without a receiver is an error on the template.
+
+use idempotent::idempotent;
+
+#[derive(Debug)]
+struct AppError;
+
+impl From<idempotent::Error> for AppError {
+    fn from(_: idempotent::Error) -> Self {
+        AppError
+    }
+}
+
+#[idempotent(key = "{self.name}:{id}")]
+async fn f(id: u32) -> Result<u32, AppError> {
+    Ok(id)
+}
+
+fn main() {
+    let _ = f(1);
+}

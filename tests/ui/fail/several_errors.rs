@@ -1,0 +1,12 @@
+//! Every mistake in the function is reported at once, each on its own token.
+
+use idempotent::idempotent;
+
+#[idempotent(key = "{user}", fingerprint = payload)]
+fn f(id: u32) -> Result<u32, String> {
+    Ok(id)
+}
+
+fn main() {
+    let _ = f(1);
+}
