@@ -2,6 +2,7 @@
 //! cache flushed, connections killed, foreign values at our keys, and the record as an operator
 //! sees it. Each test starts its own `redis-server`.
 
+#[macro_use]
 mod support;
 
 use std::io::{BufRead, BufReader};
@@ -11,25 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idempotent::{Call, Error, Idempotency, RedisStore, StoreErrorKind};
-use support::{eventually, RedisServer};
+use support::{eventually, ms, AppError, RedisServer, R};
 use tokio::time::Instant;
-
-#[derive(Debug)]
-enum AppError {
-    Idem(Error),
-}
-
-impl From<Error> for AppError {
-    fn from(e: Error) -> Self {
-        AppError::Idem(e)
-    }
-}
-
-type R<T> = Result<T, AppError>;
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
 
 async fn store(server: &RedisServer, timeout: Duration) -> RedisStore {
     RedisStore::builder(&server.url()).timeout(timeout).connect().await.expect("connect")

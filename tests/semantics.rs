@@ -1,6 +1,7 @@
 //! The semantic suite, run unchanged on `MemoryStore` and on `RedisStore` against a real
 //! `redis-server` each test starts for itself.
 
+#[macro_use]
 mod support;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
@@ -11,53 +12,14 @@ use idempotent::store::{AcquireOutcome, AcquireRequest, CommitRequest, Lease, Tr
 use idempotent::{Call, CallContext, Error, Idempotency, Mode, OnConflict, OnDuplicate};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use support::{eventually, Backend, Fixture};
+use support::{eventually, ms, AppError, Backend, Fixture, R};
 use tokio::time::Instant;
-
-#[derive(Debug)]
-enum AppError {
-    Idem(Error),
-    Failed(&'static str),
-}
-
-impl From<Error> for AppError {
-    fn from(e: Error) -> Self {
-        AppError::Idem(e)
-    }
-}
-
-type R<T> = Result<T, AppError>;
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
 
 fn counter() -> Arc<AtomicUsize> {
     Arc::new(AtomicUsize::new(0))
 }
 
-macro_rules! suite {
-    ($($name:ident),* $(,)?) => {
-        mod memory {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Backend::Memory).await
-                }
-            )*
-        }
-        mod redis {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Backend::Redis).await
-                }
-            )*
-        }
-    };
-}
-
-suite!(
+both_stores!(
     concurrent_callers_run_the_body_once,
     replay_returns_identical_values,
     error_releases_the_key,

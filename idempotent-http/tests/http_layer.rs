@@ -2,6 +2,7 @@
 //! `MemoryStore` and on `RedisStore` against a `redis-server` each test starts for itself.
 
 #[path = "../../tests/support/mod.rs"]
+#[macro_use]
 mod support;
 
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
@@ -18,28 +19,7 @@ use idempotent_http::IdempotencyLayer;
 use serde_json::Value;
 use support::{Backend, Fixture};
 
-macro_rules! suite {
-    ($($name:ident),* $(,)?) => {
-        mod memory {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Backend::Memory).await
-                }
-            )*
-        }
-        mod redis {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Backend::Redis).await
-                }
-            )*
-        }
-    };
-}
-
-suite!(
+both_stores!(
     missing_key_is_400,
     malformed_or_overlong_key_is_400,
     in_flight_duplicate_is_409,

@@ -11,6 +11,50 @@ use std::time::{Duration, Instant};
 
 use idempotent::{Idempotency, MemoryStore, RedisStore, Store};
 
+/// The error type of the tests' guarded functions: the library's errors, or the body's own.
+#[derive(Debug)]
+pub enum AppError {
+    Idem(idempotent::Error),
+    Failed(&'static str),
+}
+
+impl From<idempotent::Error> for AppError {
+    fn from(e: idempotent::Error) -> Self {
+        AppError::Idem(e)
+    }
+}
+
+/// A guarded function's result.
+pub type R<T> = Result<T, AppError>;
+
+pub fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// Runs each named `async fn(Backend)` of the including file as two tests, `memory::name` and
+/// `redis::name`: one suite, two stores.
+#[allow(unused_macros)]
+macro_rules! both_stores {
+    ($($name:ident),* $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Backend::Memory).await
+                }
+            )*
+        }
+        mod redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Backend::Redis).await
+                }
+            )*
+        }
+    };
+}
+
 /// A `redis-server` of the test's own, on a free port, killed when dropped.
 pub struct RedisServer {
     child: Option<Child>,
