@@ -9,6 +9,7 @@
 -- ARGV[3]  fingerprint of the payload ('' for none)
 -- ARGV[4]  'p' parameter mode, 't' token mode
 -- ARGV[5]  '1' when the caller will wait for the key to change (sets w)
+-- ARGV[6]  '1' to report lease_left and kept_for (one PTTL more); '0' reports them as 0
 -- Returns
 --   {'acquired', fence}
 --   {'progress', fingerprint, lease_left_ms}
@@ -23,8 +24,12 @@ end
 if rec and rec.s == 'P' and rec.o == owner then
   return { 'acquired', tonumber(rec.n) }
 end
+local report = ARGV[6] == '1'
 if rec and rec.s == 'C' then
-  local kept_for = redis.call('PTTL', key)
+  local kept_for = 0
+  if report then
+    kept_for = redis.call('PTTL', key)
+  end
   if rec.r ~= '' then
     return { 'completed', rec.f, 1, rec.r, kept_for }
   end
@@ -45,8 +50,10 @@ if rec.s == 'P' then
   local left
   if rec.l ~= '' then
     left = tonumber(rec.l) - now_ms
-  else
+  elseif report then
     left = redis.call('PTTL', key)
+  else
+    left = 0
   end
   -- A token whose holder's lease ran out is ISSUED again; anything else is held.
   if not (rec.te ~= '' and left <= 0) then

@@ -335,6 +335,7 @@ async fn fencing_tokens_strictly_increase(backend: Backend) {
         fingerprint: None,
         mode: Mode::Param,
         will_wait: false,
+        report_ttl: true,
     };
     let AcquireOutcome::Acquired { fence } = crashed.acquire(req).await.unwrap() else { panic!("not acquired") };
     fences.push(fence);
@@ -511,6 +512,7 @@ async fn crashed_token_holder_frees_the_token_after_its_lease(backend: Backend) 
         fingerprint: None,
         mode: Mode::Token,
         will_wait: false,
+        report_ttl: true,
     };
     assert!(matches!(fx.store(0).acquire(req).await.unwrap(), AcquireOutcome::Acquired { .. }));
     let held = idem.run(Call::token(&token), || async { R::Ok(1u8) }).await;
@@ -644,6 +646,7 @@ async fn transitions_are_safe_to_repeat(backend: Backend) {
         fingerprint: None,
         mode,
         will_wait: false,
+        report_ttl: true,
     };
     let AcquireOutcome::Acquired { fence } = store.acquire(req("repeat", "me", Mode::Param)).await.unwrap() else {
         panic!("not acquired")

@@ -227,6 +227,8 @@ impl Idempotency {
                 fingerprint: fingerprint.as_deref(),
                 mode: call.mode,
                 will_wait: watcher.is_some(),
+                // The wait needs the holder's lease; the cache, how long a result is kept.
+                report_ttl: watcher.is_some() || self.inner.cache.is_some(),
             };
             let found = store.acquire(request).await.map_err(|source| Error::Store { key: key.clone(), source })?;
             let held = match found {

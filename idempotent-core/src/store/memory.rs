@@ -8,11 +8,15 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::expiry::Expiries;
 use super::{AcquireOutcome, AcquireRequest, BoxFuture, CommitRequest, Lease, Mode, Store, Transition, Watcher};
 use crate::error::StoreError;
 
-/// How many writes pass between two sweeps of expired records.
-const SWEEP_EVERY: u32 = 4096;
+/// How many expired records a write removes at most, besides its own key.
+const EXPIRE_PER_WRITE: usize = 32;
+
+/// The fewest records that trigger a full sweep.
+const SWEEP_FLOOR: usize = 1024;
 
 /// A store in this process's memory.
 ///
@@ -39,8 +43,11 @@ pub struct MemoryStore {
 #[derive(Default)]
 struct State {
     records: HashMap<String, Record>,
+    /// Which records are due to expire (completed records and tokens; see `expiry`).
+    expiries: Expiries,
+    /// Past this many records, sweep every expired one (in-progress records are not queued).
+    sweep_at: usize,
     last_fence: u64,
-    writes: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,8 +120,8 @@ impl MemoryStore {
                 return AcquireOutcome::InvalidToken;
             }
             st.last_fence = fence;
-            st.records.insert(
-                req.key.to_owned(),
+            st.insert_unqueued(
+                req.key,
                 Record {
                     phase: Phase::InProgress,
                     owner: Some(req.owner.to_owned()),
@@ -214,8 +221,8 @@ impl MemoryStore {
             if req.keep.is_zero() {
                 st.records.remove(req.key);
             } else {
-                st.records.insert(
-                    req.key.to_owned(),
+                st.insert(
+                    req.key,
                     Record {
                         phase: Phase::Completed,
                         owner: None,
@@ -227,6 +234,7 @@ impl MemoryStore {
                         expires_at: now + req.keep,
                         watched: false,
                     },
+                    req.keep,
                 );
             }
             watched
@@ -257,6 +265,7 @@ impl MemoryStore {
                     rec.lease_until = None;
                     rec.watched = false;
                     rec.expires_at = te;
+                    st.expiries.at(key, te);
                 }
                 _ => {
                     st.records.remove(key);
@@ -277,8 +286,8 @@ impl MemoryStore {
         if st.live(key, now).is_some() {
             return false;
         }
-        st.records.insert(
-            key.to_owned(),
+        st.insert(
+            key,
             Record {
                 phase: Phase::Issued,
                 owner: None,
@@ -290,6 +299,7 @@ impl MemoryStore {
                 expires_at: now + ttl,
                 watched: false,
             },
+            ttl,
         );
         true
     }
@@ -327,13 +337,36 @@ impl State {
         self.records.get_mut(key)
     }
 
-    /// Counts a write and, now and then, drops every expired record.
+    /// Drops a few expired records (amortized: each write pays for a bounded number), and all
+    /// of them once the store has doubled since the last full sweep.
     fn tick(&mut self, now: Instant) {
-        self.writes += 1;
-        if self.writes >= SWEEP_EVERY {
-            self.writes = 0;
-            self.records.retain(|_, r| r.expires_at > now);
+        let records = &mut self.records;
+        let mut later = Vec::new();
+        self.expiries.due(now, EXPIRE_PER_WRITE, |key| match records.get(&key).map(|r| r.expires_at) {
+            Some(at) if at <= now => {
+                records.remove(&key);
+            }
+            Some(at) => later.push((key, at)),
+            None => {}
+        });
+        for (key, at) in later {
+            self.expiries.at(&key, at);
         }
+        if self.records.len() > self.sweep_at {
+            self.records.retain(|_, r| r.expires_at > now);
+            self.sweep_at = 2 * self.records.len().max(SWEEP_FLOOR);
+        }
+    }
+
+    /// Stores a record living `lifetime` from now and queues its expiry.
+    fn insert(&mut self, key: &str, record: Record, lifetime: Duration) {
+        self.expiries.after(key, lifetime, record.expires_at);
+        self.insert_unqueued(key, record);
+    }
+
+    /// Stores an in-progress record: its holder commits or releases it.
+    fn insert_unqueued(&mut self, key: &str, record: Record) {
+        self.records.insert(key.to_owned(), record);
     }
 }
 

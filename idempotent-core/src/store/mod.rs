@@ -22,6 +22,7 @@ use tokio::sync::watch;
 
 use crate::error::StoreError;
 
+mod expiry;
 pub mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
@@ -56,6 +57,9 @@ pub struct AcquireRequest<'a> {
     pub mode: Mode,
     /// The caller will wait for the key to change: commit and release must notify watchers.
     pub will_wait: bool,
+    /// Report `lease_left` and `kept_for`; a store may leave them zero otherwise (they may cost
+    /// it a command more).
+    pub report_ttl: bool,
 }
 
 /// What [`Store::acquire`] found.
@@ -71,7 +75,8 @@ pub enum AcquireOutcome {
     InProgress {
         /// The fingerprint the holder stored.
         fingerprint: Option<String>,
-        /// How long until the holder's lease runs out, unless renewed.
+        /// How long until the holder's lease runs out, unless renewed (zero unless asked for
+        /// with `report_ttl`).
         lease_left: Duration,
     },
     /// The key has completed.
@@ -80,8 +85,8 @@ pub enum AcquireOutcome {
         fingerprint: Option<String>,
         /// The stored result, or `None` when it is not replayable.
         result: Option<Vec<u8>>,
-        /// How much longer the record is kept (zero if unknown); bounds how long a copy of
-        /// the result may be cached.
+        /// How much longer the record is kept (zero if unknown or not asked for with
+        /// `report_ttl`); bounds how long a copy of the result may be cached.
         kept_for: Duration,
     },
     /// Token mode: no token record at this key.

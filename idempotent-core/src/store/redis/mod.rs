@@ -159,6 +159,7 @@ impl RedisStore {
                 req.fingerprint.unwrap_or("").into(),
                 if req.mode == Mode::Token { "t" } else { "p" }.into(),
                 if req.will_wait { "1" } else { "0" }.into(),
+                if req.report_ttl { "1" } else { "0" }.into(),
             ]
         };
         match self.script("acquire", &scripts::ACQUIRE, req.key, args).await {
@@ -372,5 +373,18 @@ impl std::fmt::Debug for RedisStore {
             .field("timeout", &self.inner.timeout)
             .field("clustered", &self.inner.clustered)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod size_probe {
+    #[tokio::test]
+    async fn sizes() {
+        use fred::prelude::*;
+        let client = Builder::default_centralized().build().unwrap();
+        let f = client.evalsha::<Value, _, _, _>("x", Vec::<String>::new(), Vec::<String>::new());
+        println!("evalsha future: {}", std::mem::size_of_val(&f));
+        let run = super::scripts::run(&client, &super::scripts::ACQUIRE, || (vec![], vec![]));
+        println!("scripts::run future: {}", std::mem::size_of_val(&run));
     }
 }

@@ -31,12 +31,14 @@ pub(crate) async fn run(
     script: &Script,
     args: impl Fn() -> (Vec<Key>, Vec<Value>),
 ) -> Result<Value, Error> {
+    // fred's command futures are about 5 KB: boxed here, the layers above (timeout, store
+    // method, boxed trait future) carry a pointer instead of copying them at each level.
     let (keys, values) = args();
-    match client.evalsha::<Value, _, _, _>(script.sha1().clone(), keys, values).await {
+    match Box::pin(client.evalsha::<Value, _, _, _>(script.sha1().clone(), keys, values)).await {
         Err(e) if e.details().starts_with("NOSCRIPT") => {
             let lua = script.lua().cloned().unwrap_or_default();
             let (keys, values) = args();
-            client.eval::<Value, _, _, _>(lua, keys, values).await
+            Box::pin(client.eval::<Value, _, _, _>(lua, keys, values)).await
         }
         other => other,
     }
