@@ -274,3 +274,57 @@ async fn record_is_readable_with_redis_cli() {
     let ttl: i64 = server.command(&["TTL", &key]).unwrap().parse().unwrap();
     assert!((3500..=3600).contains(&ttl), "completed record TTL {ttl}");
 }
+
+/// Replica acknowledgement: with no replica, an acquire gives the key back and fails before
+/// the body runs; with a replica, calls run; with the replica frozen during the body, the
+/// commit fails with a clear error and the record stays on the primary for a retry to replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_acknowledgement_is_required_when_asked_for() {
+    let primary = RedisServer::start();
+    let strict = |url: String| async move {
+        RedisStore::builder(&url).replica_acks(1, ms(300)).connect().await.expect("connect")
+    };
+    let idem = Idempotency::new(strict(primary.url()).await);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let body = |runs: Arc<AtomicUsize>| {
+        move || async move {
+            runs.fetch_add(1, SeqCst);
+            tokio::time::sleep(ms(300)).await;
+            R::Ok(String::from("durable"))
+        }
+    };
+    let alone = idem.run(Call::new("acked"), body(runs.clone())).await;
+    match alone {
+        Err(AppError::Idem(Error::Store { ref source, .. })) => {
+            assert_eq!(source.kind(), StoreErrorKind::Replication, "{source}");
+            assert!(source.to_string().contains("0 of 1 replicas"), "{source}");
+        }
+        other => panic!("expected a replication error without replicas, got {other:?}"),
+    }
+    assert_eq!(runs.load(SeqCst), 0, "the body ran without the required acknowledgement");
+    let key = RedisStore::connect(&primary.url()).await.unwrap().record_key("acked");
+    assert_eq!(primary.command(&["EXISTS", &key]).unwrap(), "0", "the unacknowledged acquire kept the key");
+
+    let replica = RedisServer::start();
+    replica.command(&["REPLICAOF", "127.0.0.1", &primary.port().to_string()]).unwrap();
+    eventually(Duration::from_secs(10), "the replica to sync", || async {
+        primary.command(&["INFO", "replication"]).ok().filter(|i| i.contains("state=online")).map(|_| ())
+    })
+    .await;
+    assert_eq!(idem.run(Call::new("acked"), body(runs.clone())).await.unwrap(), "durable");
+    assert_eq!(runs.load(SeqCst), 1);
+
+    // Frozen replica while the body runs: the acquire was acknowledged, the commit is not.
+    let idem2 = idem.clone();
+    let late = tokio::spawn(async move { idem2.run(Call::new("late-ack"), body(Arc::new(AtomicUsize::new(0)))).await });
+    tokio::time::sleep(ms(100)).await;
+    replica.pause();
+    let got = late.await.unwrap();
+    replica.resume();
+    match got {
+        Err(AppError::Idem(Error::Store { ref source, .. })) => assert_eq!(source.kind(), StoreErrorKind::Replication),
+        other => panic!("expected a replication error at commit, got {other:?}"),
+    }
+    let replay = idem.run(Call::new("late-ack"), || async { R::Ok(String::from("ran again")) }).await;
+    assert_eq!(replay.unwrap(), "durable", "the committed record was not kept on the primary");
+}

@@ -158,6 +158,9 @@ pub enum StoreErrorKind {
     /// The store's configuration is invalid (a bad URL, a prefix with braces, refused
     /// credentials).
     Config,
+    /// Fewer replicas than required acknowledged a write in time (see
+    /// `RedisStoreBuilder::replica_acks`).
+    Replication,
 }
 
 impl fmt::Display for StoreErrorKind {
@@ -168,6 +171,7 @@ impl fmt::Display for StoreErrorKind {
             StoreErrorKind::Backend => "backend error",
             StoreErrorKind::Reply => "unexpected reply",
             StoreErrorKind::Config => "configuration error",
+            StoreErrorKind::Replication => "too few replicas",
         })
     }
 }

@@ -199,7 +199,10 @@ impl Idempotency {
     ///
     /// If the result cannot be stored (the store fails at commit, or another owner took the key
     /// after this call's lease was lost), the body's value is still returned, since the body
-    /// ran, and a warning is logged.
+    /// ran, and a warning is logged. The exception: a store that requires replica
+    /// acknowledgements and did not get them fails the call with [`Error::Store`] (kind
+    /// `Replication`); the record stays on the primary, so a retry replays it unless a failover
+    /// lost it.
     pub async fn run<T, E, F, Fut>(&self, call: Call, body: F) -> Result<T, E>
     where
         T: Serialize + DeserializeOwned,
@@ -336,15 +339,17 @@ impl Idempotency {
             Driven::Finished(Ok(Ok(value))) => {
                 // From here on the key is never released: the body ran.
                 guard.store = None;
-                let _stored = self.commit(call, &held, &value).await;
-                Ok(value)
+                match self.commit(call, &held, &value).await {
+                    Ok(()) => Ok(value),
+                    Err(source) => Err(Error::Store { key: held.key.clone(), source }.into()),
+                }
             }
         }
     }
 
-    /// Stores the result; on failure logs it (the body ran, so its value is returned anyway).
-    /// Returns whether the result was stored.
-    async fn commit<T: Serialize>(&self, call: &Call, held: &Held, value: &T) -> bool {
+    /// Stores the result; on failure logs it (the body ran, so its value is returned anyway),
+    /// except when the store says too few replicas have it: that is the caller's to know.
+    async fn commit<T: Serialize>(&self, call: &Call, held: &Held, value: &T) -> Result<(), StoreError> {
         let encoded = codec::encode(value, self.inner.max_result_bytes);
         let result = match &encoded {
             Encoded::Replayable(bytes) => Some(bytes.as_slice()),
@@ -370,15 +375,16 @@ impl Idempotency {
                     if let (Some(cache), Some(bytes)) = (&self.inner.cache, result) {
                         cache.put(&held.key, held.fingerprint.as_deref(), bytes, keep);
                     }
-                    return true;
+                    return Ok(());
                 }
+                Err(e) if e.kind() == StoreErrorKind::Replication => return Err(e),
                 Ok(Transition::Lost) => {
                     tracing::warn!(key = %held.key, "idempotency result not stored: another owner holds the key");
-                    return false;
+                    return Ok(());
                 }
                 Ok(Transition::Corrupt { reason }) => {
                     tracing::warn!(key = %held.key, reason = %reason, "idempotency result not stored: the key is corrupt");
-                    return false;
+                    return Ok(());
                 }
                 Err(e) if attempt < 3 => {
                     tracing::warn!(key = %held.key, error = %e, attempt, "idempotency commit failed; retrying");
@@ -390,7 +396,7 @@ impl Idempotency {
                 }
             }
         }
-        false
+        Ok(())
     }
 }
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use fred::clients::Pool;
 use fred::prelude::*;
+use fred::types::CustomCommand;
 use tokio::sync::OnceCell;
 
 use super::{AcquireOutcome, AcquireRequest, BoxFuture, CommitRequest, Lease, Mode, Store, Transition, Watcher};
@@ -49,6 +50,7 @@ struct Inner {
     builder: Builder,
     prefix: String,
     timeout: Duration,
+    acks: Option<ReplicaAcks>,
     clustered: bool,
     subscriptions: OnceCell<watch::Subscriptions>,
 }
@@ -64,6 +66,13 @@ impl Drop for Inner {
     }
 }
 
+/// Replica acknowledgement: after an acquire and a commit, `WAIT` for this many replicas.
+#[derive(Debug, Clone, Copy)]
+struct ReplicaAcks {
+    replicas: u32,
+    timeout: Duration,
+}
+
 /// Configures and connects a [`RedisStore`].
 #[must_use]
 pub struct RedisStoreBuilder {
@@ -73,6 +82,7 @@ pub struct RedisStoreBuilder {
     timeout: Duration,
     connect_timeout: Duration,
     reconnect: ReconnectPolicy,
+    acks: Option<ReplicaAcks>,
 }
 
 impl RedisStore {
@@ -99,6 +109,7 @@ impl RedisStore {
             timeout: Duration::from_secs(2),
             connect_timeout: Duration::from_secs(5),
             reconnect: ReconnectPolicy::new_exponential(0, 50, 2_000, 2),
+            acks: None,
         }
     }
 
@@ -163,7 +174,17 @@ impl RedisStore {
             ]
         };
         match self.script("acquire", &scripts::ACQUIRE, req.key, args).await {
-            Ok(reply) => replies::acquire(reply),
+            Ok(reply) => {
+                let outcome = replies::acquire(reply)?;
+                if matches!(outcome, AcquireOutcome::Acquired { .. }) {
+                    if let Err(e) = self.replicated("acquire", req.key).await {
+                        // Not durable enough to act on: give the key back and say so.
+                        let _ = self.release_inner(req.key, req.owner).await;
+                        return Err(e);
+                    }
+                }
+                Ok(outcome)
+            }
             Err(e) => {
                 // The acquire may still reach Redis later (fred re-sends queued commands after a
                 // reconnect). Release behind it, on the same connection, so it cannot hold the
@@ -220,7 +241,33 @@ impl RedisStore {
             ]
         };
         let reply = self.script("commit", &scripts::COMMIT, req.key, args).await?;
-        replies::transition("commit", reply)
+        let outcome = replies::transition("commit", reply)?;
+        if outcome == Transition::Done {
+            self.replicated("commit", req.key).await?;
+        }
+        Ok(outcome)
+    }
+
+    /// With replica acknowledgement on: `WAIT`s, on the connection that wrote `key`, for the
+    /// configured number of replicas to have this client's writes, and fails with a
+    /// `Replication` error when fewer do in time.
+    async fn replicated(&self, op: &str, key: &str) -> Result<(), StoreError> {
+        let Some(acks) = self.inner.acks else { return Ok(()) };
+        let slot = fred::util::redis_keyslot(self.record_key(key).as_bytes());
+        let wait = CustomCommand::new_static("WAIT", fred::types::ClusterHash::Custom(slot), false);
+        let args = vec![acks.replicas.to_string(), millis(acks.timeout).to_string()];
+        let bound = acks.timeout + self.inner.timeout;
+        let got: i64 = match tokio::time::timeout(bound, self.client_for(key).custom(wait, args)).await {
+            Ok(reply) => reply.map_err(|e| store_error(op, e))?,
+            Err(_) => return Err(StoreError::timeout(op, bound)),
+        };
+        if got < i64::from(acks.replicas) {
+            return Err(StoreError::new(
+                StoreErrorKind::Replication,
+                format!("{op}: {got} of {} replicas acknowledged within {:?}", acks.replicas, acks.timeout),
+            ));
+        }
+        Ok(())
     }
 
     async fn release_inner(&self, key: &str, owner: &str) -> Result<Transition, StoreError> {
@@ -284,6 +331,20 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// After each acquire and commit, wait (Redis `WAIT`) until `replicas` replicas have the
+    /// write, for at most `timeout`. With fewer, an acquire gives the key back and fails, and a
+    /// commit fails (its record stays on the primary: a retry replays it unless a failover lost
+    /// it), both with a store error of kind [`StoreErrorKind::Replication`].
+    ///
+    /// This narrows, and does not close, the window in which a failover loses a record: `WAIT`
+    /// is not a consensus protocol (a replica that acknowledged may still not be the one
+    /// promoted, and the write stays on the primary even when too few acknowledge). See
+    /// `docs/guarantees.md`.
+    pub fn replica_acks(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.acks = (replicas > 0).then_some(ReplicaAcks { replicas, timeout });
+        self
+    }
+
     /// Connects the pool.
     pub async fn connect(self) -> Result<RedisStore, StoreError> {
         keys::check_prefix(&self.prefix).map_err(|m| StoreError::new(StoreErrorKind::Config, m))?;
@@ -314,6 +375,7 @@ impl RedisStoreBuilder {
                 builder,
                 prefix: self.prefix,
                 timeout: self.timeout,
+                acks: self.acks,
                 clustered,
                 subscriptions: OnceCell::new(),
             }),
@@ -373,18 +435,5 @@ impl std::fmt::Debug for RedisStore {
             .field("timeout", &self.inner.timeout)
             .field("clustered", &self.inner.clustered)
             .finish_non_exhaustive()
-    }
-}
-
-#[cfg(test)]
-mod size_probe {
-    #[tokio::test]
-    async fn sizes() {
-        use fred::prelude::*;
-        let client = Builder::default_centralized().build().unwrap();
-        let f = client.evalsha::<Value, _, _, _>("x", Vec::<String>::new(), Vec::<String>::new());
-        println!("evalsha future: {}", std::mem::size_of_val(&f));
-        let run = super::scripts::run(&client, &super::scripts::ACQUIRE, || (vec![], vec![]));
-        println!("scripts::run future: {}", std::mem::size_of_val(&run));
     }
 }
