@@ -456,3 +456,10 @@ async fn renamed_crate_path(backend: Backend) {
     assert_eq!(through_renamed_crate(&idem, &runs, 9).await.unwrap(), 9);
     assert_eq!(runs.load(SeqCst), 1);
 }
+
+/// The attribute refuses a `ttl` under 10 ms at compile time (tests/ui/fail/ttl_too_short.rs);
+/// that must stay the runtime's own minimum.
+#[test]
+fn the_attribute_uses_the_runtimes_minimum_lease() {
+    assert_eq!(idempotent::MIN_LEASE, Duration::from_millis(10));
+}

@@ -73,7 +73,7 @@ impl Parse for Args {
                         _ => return Err(syn::Error::new(mode.span(), "expected `Param` or `Token`")),
                     });
                 }
-                "ttl" => args.ttl = Some(duration(input, &name)?),
+                "ttl" => args.ttl = Some(lease(input, &name)?),
                 "keep" => args.keep = Some(duration(input, &name)?),
                 "on_duplicate" => {
                     let policy: Ident = value(input, &name)?;
@@ -155,6 +155,25 @@ fn value<T: Parse>(input: ParseStream, name: &Ident) -> syn::Result<T> {
     }
     input.parse::<Token![=]>()?;
     input.parse()
+}
+
+/// The shortest lease the runtime accepts (`idempotent::MIN_LEASE`); a shorter `ttl` would only
+/// fail at run time with `Error::InvalidCall`, so it is refused here.
+const MIN_LEASE: Duration = Duration::from_millis(10);
+
+/// `ttl = ...`: a duration of at least `MIN_LEASE`.
+fn lease(input: ParseStream, name: &Ident) -> syn::Result<Duration> {
+    // Where the value is, for the error: the token after `=`.
+    let fork = input.fork();
+    let span = fork.parse::<Token![=]>().and_then(|_| fork.parse::<proc_macro2::TokenTree>()).map(|t| t.span());
+    let ttl = duration(input, name)?;
+    if ttl < MIN_LEASE {
+        return Err(syn::Error::new(
+            span.unwrap_or_else(|_| name.span()),
+            format!("`ttl` is the lease and must be at least {MIN_LEASE:?}: the watchdog renews it every ttl/3"),
+        ));
+    }
+    Ok(ttl)
 }
 
 /// `= "30s"` or `= 30` after an argument's name.
