@@ -11,7 +11,6 @@
 //! no lease is left (or the runtime is dropped); a call costs no timer and no task of its own,
 //! and a call shorter than a third of its lease costs no renewal at all.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -57,8 +56,7 @@ struct Shared {
 
 #[derive(Default)]
 struct Registry {
-    leases: HashMap<u64, Entry>,
-    next_id: u64,
+    leases: Leases,
     /// The renewal loop is running.
     running: bool,
     /// When the loop will next look, if it sleeps.
@@ -102,6 +100,60 @@ impl Entry {
     }
 }
 
+/// The registered leases: a slab (no hashing per call), each slot with a generation so that a
+/// renewal reply for a lease already gone never lands on the lease that took its slot.
+#[derive(Default)]
+struct Leases {
+    slots: Vec<(u32, Option<Entry>)>,
+    free: Vec<u32>,
+    len: usize,
+}
+
+impl Leases {
+    fn insert(&mut self, entry: Entry) -> u64 {
+        self.len += 1;
+        let index = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                self.slots.push((0, None));
+                (self.slots.len() - 1) as u32
+            }
+        };
+        let slot = &mut self.slots[index as usize];
+        slot.0 = slot.0.wrapping_add(1);
+        slot.1 = Some(entry);
+        (u64::from(slot.0) << 32) | u64::from(index)
+    }
+
+    fn slot(&mut self, id: u64) -> Option<&mut (u32, Option<Entry>)> {
+        let (generation, index) = ((id >> 32) as u32, id as u32);
+        self.slots.get_mut(index as usize).filter(|s| s.0 == generation && s.1.is_some())
+    }
+
+    fn remove(&mut self, id: u64) {
+        if let Some(slot) = self.slot(id) {
+            slot.1 = None;
+            self.free.push(id as u32);
+            self.len -= 1;
+        }
+    }
+
+    fn get_mut(&mut self, id: u64) -> Option<&mut Entry> {
+        self.slot(id).and_then(|s| s.1.as_mut())
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn iter_mut(&mut self) -> impl Iterator<Item = (u64, &mut Entry)> {
+        self.slots
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, (generation, e))| e.as_mut().map(|e| ((u64::from(*generation) << 32) | i as u64, e)))
+    }
+}
+
 /// One call's registration; deregisters when dropped.
 pub(crate) struct Registration {
     shared: Arc<Shared>,
@@ -110,7 +162,7 @@ pub(crate) struct Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        self.shared.lock().leases.remove(&self.id);
+        self.shared.lock().leases.remove(self.id);
     }
 }
 
@@ -164,9 +216,7 @@ impl Watchdog {
         let look = entry.next_look();
         let (id, start, wake) = {
             let mut reg = self.shared.lock();
-            let id = reg.next_id;
-            reg.next_id += 1;
-            reg.leases.insert(id, entry);
+            let id = reg.leases.insert(entry);
             let start = !reg.running;
             reg.running = true;
             // Wake the loop only if this lease needs it earlier than it planned to look.
@@ -221,7 +271,7 @@ async fn renewal_loop(weak: Weak<Shared>) {
             // With nothing due sooner, look again after IDLE_LOOK: a registration then wakes the
             // loop only if its lease needs a look before that.
             let mut next: Option<Instant> = Some(now + IDLE_LOOK);
-            for (&id, e) in reg.leases.iter_mut().filter(|(_, e)| !e.lost) {
+            for (id, e) in reg.leases.iter_mut().filter(|(_, e)| !e.lost) {
                 if now >= e.deadline {
                     e.mark_lost("no renewal was confirmed before the lease ran out");
                     continue;
@@ -276,7 +326,7 @@ fn apply(shared: &Shared, renewed: Renewed) {
     match renewed.result {
         Ok(flags) => {
             for (id, ok) in renewed.ids.iter().zip(flags) {
-                let Some(e) = reg.leases.get_mut(id) else { continue };
+                let Some(e) = reg.leases.get_mut(*id) else { continue };
                 e.inflight = false;
                 if e.lost {
                     continue;
@@ -293,11 +343,46 @@ fn apply(shared: &Shared, renewed: Renewed) {
             tracing::warn!(%error, leases = renewed.ids.len(), "idempotency lease renewal failed; retrying");
             let now = Instant::now();
             for id in &renewed.ids {
-                if let Some(e) = reg.leases.get_mut(id) {
+                if let Some(e) = reg.leases.get_mut(*id) {
                     e.inflight = false;
                     e.retry_at = now + (e.lease / 20).max(Duration::from_millis(5));
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry() -> Entry {
+        let now = Instant::now();
+        Entry {
+            key: "k".into(),
+            owner: "o".into(),
+            lease: Duration::from_secs(1),
+            renew: true,
+            last_sent: now,
+            deadline: now,
+            inflight: false,
+            retry_at: now,
+            lost: false,
+            context: CallContext::new("k".into(), 1),
+        }
+    }
+
+    #[test]
+    fn a_reused_slot_does_not_answer_to_the_old_id() {
+        let mut leases = Leases::default();
+        let a = leases.insert(entry());
+        leases.remove(a);
+        let b = leases.insert(entry());
+        assert_eq!(a as u32, b as u32, "the slot was not reused");
+        assert!(leases.get_mut(a).is_none(), "a stale id reached the new lease");
+        assert!(leases.get_mut(b).is_some());
+        leases.remove(a);
+        assert!(!leases.is_empty(), "removing a stale id removed the new lease");
+        assert_eq!(leases.iter_mut().count(), 1);
     }
 }
