@@ -1,5 +1,5 @@
-//! The semantic suite, run unchanged on `MemoryStore` and on `RedisStore` against a real
-//! `redis-server` each test starts for itself.
+//! The semantic suite, run unchanged on `MemoryStore`, and on `RedisStore` against a real
+//! standalone `redis-server` each test starts for itself, a Redis Cluster and a Sentinel group.
 
 #[macro_use]
 mod support;
@@ -19,7 +19,7 @@ fn counter() -> Arc<AtomicUsize> {
     Arc::new(AtomicUsize::new(0))
 }
 
-both_stores!(
+all_stores!(
     concurrent_callers_run_the_body_once,
     replay_returns_identical_values,
     error_releases_the_key,

@@ -1,15 +1,24 @@
-//! Test support: real `redis-server` processes started on free ports and stopped by the tests
-//! themselves, and fixtures that run one suite on both stores.
+//! Test support: real `redis-server` processes (standalone, Cluster, Sentinel) started on free
+//! ports and stopped by the tests themselves, a fault-injecting TCP proxy, and fixtures that run
+//! one suite on every store.
 #![allow(dead_code)]
+
+pub mod cluster;
+pub mod proxy;
+pub mod sentinel;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use idempotent::{Idempotency, MemoryStore, RedisStore, Store};
+
+pub use cluster::RedisCluster;
+pub use sentinel::SentinelGroup;
 
 /// The error type of the tests' guarded functions: the library's errors, or the body's own.
 #[derive(Debug)]
@@ -55,14 +64,50 @@ macro_rules! both_stores {
     };
 }
 
-/// A `redis-server` of the test's own, on a free port, killed when dropped.
+/// Runs each named `async fn(Backend)` of the including file as four tests: `memory::name`,
+/// `redis::name` (a standalone server of the test's own), `cluster::name` (a 3-primary,
+/// 3-replica Redis Cluster) and `sentinel::name` (a Sentinel group). The cluster and the Sentinel
+/// group are shared by the tests of one binary; each test gets its own key prefix.
+#[allow(unused_macros)]
+macro_rules! all_stores {
+    ($($name:ident),* $(,)?) => {
+        both_stores!($($name),*);
+        mod cluster {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Backend::Cluster).await
+                }
+            )*
+        }
+        mod sentinel {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Backend::Sentinel).await
+                }
+            )*
+        }
+    };
+}
+
+/// A `redis-server` of the test's own, on a free port, killed when dropped (and, whatever
+/// happens, when the test process dies: see [`spawn_tied`]).
 pub struct RedisServer {
     child: Option<Child>,
     port: u16,
     dir: PathBuf,
+    /// What the server is started with besides the common options (see [`RedisServer::start_with`]).
+    setup: Arc<Setup>,
 }
 
-fn free_port() -> u16 {
+/// How a server is started: `leading` arguments (a config file must come first) and `trailing`
+/// ones, given its port and directory; the common options (port, bind, no persistence, dir,
+/// log file) go between them.
+pub type Setup = dyn Fn(u16, &Path) -> (Vec<String>, Vec<String>) + Send + Sync;
+
+/// A port nobody listens on now.
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("no free port").port()
 }
 
@@ -70,14 +115,82 @@ fn redis_server_binary() -> String {
     std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into())
 }
 
+/// `redis-cli` (for `--cluster create`), or `$REDIS_CLI`.
+pub fn redis_cli_binary() -> String {
+    std::env::var("REDIS_CLI").unwrap_or_else(|_| "redis-cli".into())
+}
+
+/// Every server process started and not yet reaped, with its directory, so that the ones still
+/// running when the test process exits (servers shared by a whole test binary live in statics,
+/// which are never dropped) are killed and their directories removed.
+static LIVE: Mutex<Vec<(u32, PathBuf)>> = Mutex::new(Vec::new());
+
+extern "C" fn kill_live_servers() {
+    if let Ok(mut live) = LIVE.try_lock() {
+        for (pid, dir) in live.drain(..) {
+            // SAFETY: our own child process.
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+type SpawnRequest = (Command, mpsc::Sender<std::io::Result<Child>>);
+
+/// Starts `cmd` from a thread that lives as long as the test process, with `PR_SET_PDEATHSIG`
+/// set: Linux kills the child when the thread that forked it ends, so servers started from a
+/// test's own thread (which ends with the test) would die under the tests sharing them, and
+/// servers of a test process killed by a signal would outlive it.
+pub fn spawn_tied(mut cmd: Command) -> std::io::Result<Child> {
+    static SPAWNER: OnceLock<Mutex<mpsc::Sender<SpawnRequest>>> = OnceLock::new();
+    let spawner = SPAWNER.get_or_init(|| {
+        // SAFETY: registering a plain `extern "C"` function.
+        unsafe { libc::atexit(kill_live_servers) };
+        let (tx, rx) = mpsc::channel::<SpawnRequest>();
+        std::thread::Builder::new()
+            .name("server-spawner".into())
+            .spawn(move || {
+                for (mut cmd, reply) in rx {
+                    let _ = reply.send(cmd.spawn());
+                }
+            })
+            .expect("spawner thread");
+        Mutex::new(tx)
+    });
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() != parent {
+                // The test process is gone already (no allocation here: this runs after fork).
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+    let (tx, rx) = mpsc::channel();
+    spawner.lock().unwrap_or_else(|p| p.into_inner()).send((cmd, tx)).expect("spawner thread gone");
+    rx.recv().expect("spawner thread gone")
+}
+
 impl RedisServer {
     /// Starts a server on a free port and waits until it answers PING.
     pub fn start() -> RedisServer {
+        Self::start_with(Arc::new(|_, _| (Vec::new(), Vec::new())))
+    }
+
+    /// Starts a server with arguments of its own (see [`Setup`]) on a free port and waits until
+    /// it answers PING.
+    pub fn start_with(setup: Arc<Setup>) -> RedisServer {
         for _ in 0..5 {
             let port = free_port();
             let dir = std::env::temp_dir().join(format!("idem-redis-{}-{port}", std::process::id()));
             std::fs::create_dir_all(&dir).expect("temp dir");
-            let mut server = RedisServer { child: None, port, dir };
+            let mut server = RedisServer { child: None, port, dir, setup: setup.clone() };
             if server.spawn() {
                 return server;
             }
@@ -86,20 +199,25 @@ impl RedisServer {
     }
 
     fn spawn(&mut self) -> bool {
+        let (leading, trailing) = (self.setup)(self.port, &self.dir);
         let mut cmd = Command::new(redis_server_binary());
-        cmd.args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        cmd.args(leading)
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .args(["--dir", self.dir.to_str().unwrap(), "--logfile", "redis.log", "--daemonize", "no"])
+            .args(trailing)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        let child = match cmd.spawn() {
+        let child = match spawn_tied(cmd) {
             Ok(c) => c,
             Err(e) => panic!("cannot run {}: {e} (scripts/install-redis.sh installs it)", redis_server_binary()),
         };
+        LIVE.lock().unwrap_or_else(|p| p.into_inner()).push((child.id(), self.dir.clone()));
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             if let Some(Ok(Some(_))) = self.child.as_mut().map(|c| c.try_wait()) {
+                self.forget_child();
                 self.child = None; // exited: port taken
                 return false;
             }
@@ -112,6 +230,12 @@ impl RedisServer {
         false
     }
 
+    fn forget_child(&self) {
+        if let Some(child) = &self.child {
+            LIVE.lock().unwrap_or_else(|p| p.into_inner()).retain(|(pid, _)| *pid != child.id());
+        }
+    }
+
     pub fn port(&self) -> u16 {
         self.port
     }
@@ -120,8 +244,19 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
+    /// The server's directory (its log file is `redis.log` in it).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Whether the process runs (it was not killed).
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
     /// Kills the server with SIGKILL (all data is lost: it keeps nothing on disk).
     pub fn kill(&mut self) {
+        self.forget_child();
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
@@ -155,16 +290,45 @@ impl RedisServer {
     /// strings as they are, integers as digits, arrays as lines, nil as "(nil)", errors as
     /// `Err(message)`.
     pub fn command(&self, args: &[&str]) -> Result<String, String> {
-        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).map_err(|e| e.to_string())?;
-        stream.set_read_timeout(Some(Duration::from_secs(5))).ok();
-        let mut req = format!("*{}\r\n", args.len());
-        for a in args {
-            req.push_str(&format!("${}\r\n{a}\r\n", a.len()));
-        }
-        stream.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
-        let mut reader = BufReader::new(stream);
-        read_reply(&mut reader)
+        command_at(self.port, args)
     }
+}
+
+/// Sends one command to the server on `port` over a fresh connection (see
+/// [`RedisServer::command`]).
+pub fn command_at(port: u16, args: &[&str]) -> Result<String, String> {
+    commands_at(port, &[args]).pop().expect("one reply per command")
+}
+
+/// Sends commands to the server on `port` one after the other over one fresh connection, and
+/// returns their replies (see [`RedisServer::command`]).
+pub fn commands_at(port: u16, commands: &[&[&str]]) -> Vec<Result<String, String>> {
+    let stream = match TcpStream::connect(("127.0.0.1", port)) {
+        Ok(s) => s,
+        Err(e) => return commands.iter().map(|_| Err(e.to_string())).collect(),
+    };
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok();
+    let mut reader = BufReader::new(stream);
+    let mut replies = Vec::new();
+    for args in commands {
+        let mut req = format!("*{}\r\n", args.len()).into_bytes();
+        for a in *args {
+            req.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+            req.extend_from_slice(a.as_bytes());
+            req.extend_from_slice(b"\r\n");
+        }
+        let reply = match reader.get_mut().write_all(&req) {
+            Ok(()) => read_reply(&mut reader),
+            Err(e) => Err(e.to_string()),
+        };
+        replies.push(reply);
+    }
+    replies
+}
+
+/// The value of `field` in an `INFO`-style reply (`field:value` lines).
+pub fn info_field(info: &str, field: &str) -> Option<String> {
+    info.lines().find_map(|l| l.strip_prefix(field)?.strip_prefix(':')).map(|v| v.trim().to_owned())
 }
 
 fn read_reply(r: &mut impl BufRead) -> Result<String, String> {
@@ -218,11 +382,24 @@ impl RedisServer {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
     Memory,
+    /// A standalone `redis-server` of the test's own.
     Redis,
+    /// The test binary's shared Redis Cluster (3 primaries, 3 replicas), under a key prefix of
+    /// the test's own.
+    Cluster,
+    /// The test binary's shared Sentinel group (1 primary, 2 replicas, 3 sentinels), under a key
+    /// prefix of the test's own.
+    Sentinel,
+}
+
+/// A key prefix no other fixture of this process uses.
+pub fn unique_prefix(what: &str) -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    format!("idem-{what}{}", NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
 /// Stores for one test: `clients` separate clients of one backend (separate `RedisStore`
-/// connections to one server, or one `MemoryStore` shared).
+/// connections to one server, cluster or Sentinel group, or one `MemoryStore` shared).
 pub struct Fixture {
     pub backend: Backend,
     pub server: Option<RedisServer>,
@@ -232,17 +409,35 @@ pub struct Fixture {
 
 impl Fixture {
     pub async fn new(backend: Backend, clients: usize) -> Fixture {
+        let connect_all = |url: String, prefix: Option<String>| async move {
+            let mut redis = Vec::new();
+            for _ in 0..clients.max(1) {
+                let mut builder = RedisStore::builder(&url);
+                if let Some(prefix) = &prefix {
+                    builder = builder.prefix(prefix.clone());
+                }
+                redis.push(builder.connect().await.unwrap_or_else(|e| panic!("connect to {url}: {e}")));
+            }
+            redis
+        };
         match backend {
             Backend::Memory => {
                 Fixture { backend, server: None, memory: Some(Arc::new(MemoryStore::new())), redis: Vec::new() }
             }
             Backend::Redis => {
                 let server = RedisServer::start();
-                let mut redis = Vec::new();
-                for _ in 0..clients.max(1) {
-                    redis.push(RedisStore::connect(&server.url()).await.expect("connect to the test's redis"));
-                }
+                let redis = connect_all(server.url(), None).await;
                 Fixture { backend, server: Some(server), memory: None, redis }
+            }
+            Backend::Cluster => {
+                let url = tokio::task::block_in_place(|| RedisCluster::shared().url());
+                let redis = connect_all(url, Some(unique_prefix("c"))).await;
+                Fixture { backend, server: None, memory: None, redis }
+            }
+            Backend::Sentinel => {
+                let url = tokio::task::block_in_place(|| SentinelGroup::shared().url());
+                let redis = connect_all(url, Some(unique_prefix("s"))).await;
+                Fixture { backend, server: None, memory: None, redis }
             }
         }
     }
@@ -251,8 +446,13 @@ impl Fixture {
     pub fn store(&self, i: usize) -> Arc<dyn Store> {
         match self.backend {
             Backend::Memory => self.memory.clone().unwrap(),
-            Backend::Redis => Arc::new(self.redis[i % self.redis.len()].clone()),
+            Backend::Redis | Backend::Cluster | Backend::Sentinel => Arc::new(self.redis[i % self.redis.len()].clone()),
         }
+    }
+
+    /// The `RedisStore` of client `i` (not on `Memory`).
+    pub fn redis_store(&self, i: usize) -> RedisStore {
+        self.redis[i % self.redis.len()].clone()
     }
 
     /// A runtime on client `i`.
@@ -269,15 +469,25 @@ impl Fixture {
         f(Idempotency::builder_shared(self.store(i))).build()
     }
 
+    /// Sends a raw command about one of this fixture's record keys to the node that holds it.
+    pub fn raw_command(&self, args: &[&str]) -> Result<String, String> {
+        match self.backend {
+            Backend::Memory => panic!("no raw commands on MemoryStore"),
+            Backend::Redis => self.server.as_ref().unwrap().command(args),
+            Backend::Cluster => RedisCluster::shared().command(args),
+            Backend::Sentinel => SentinelGroup::shared().primary_command(args),
+        }
+    }
+
     /// Deletes a key's record behind the runtime's back (an operator, or an eviction).
     pub fn delete_record(&self, key: &str) {
         match self.backend {
             Backend::Memory => {
                 self.memory.as_ref().unwrap().remove(key);
             }
-            Backend::Redis => {
+            Backend::Redis | Backend::Cluster | Backend::Sentinel => {
                 let rk = self.redis[0].record_key(key);
-                self.server.as_ref().unwrap().command(&["DEL", &rk]).expect("DEL");
+                self.raw_command(&["DEL", &rk]).expect("DEL");
             }
         }
     }
@@ -296,5 +506,277 @@ where
         }
         assert!(tokio::time::Instant::now() < deadline, "not within {limit:?}: {what}");
         tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// One execution of a [`Churn`] body.
+#[derive(Debug, Clone)]
+pub struct Execution {
+    pub key: usize,
+    pub value: String,
+    pub started: tokio::time::Instant,
+    pub ended: Option<tokio::time::Instant>,
+}
+
+/// What one [`Churn`] call returned.
+#[derive(Debug)]
+pub struct Outcome {
+    pub key: usize,
+    pub started: tokio::time::Instant,
+    pub ended: tokio::time::Instant,
+    /// The value, or `"conflict"`, `"store <kind>: <message>"`, or `"unexpected ..."`.
+    pub result: Result<String, String>,
+}
+
+type Executions = Arc<Mutex<Vec<Execution>>>;
+
+/// A workload for failover tests: workers calling keys `churn:<i>` of a window of 20 keys that
+/// moves on by one key every 25 ms, so that at any moment some keys are fresh, some in progress
+/// and some completed and called again. Every body execution and every call's outcome is
+/// recorded, to be checked by [`ChurnResult::check`].
+pub struct Churn {
+    executions: Executions,
+    outcomes: Arc<Mutex<Vec<Outcome>>>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    workers: Vec<tokio::task::JoinHandle<()>>,
+    started: tokio::time::Instant,
+    lease: Duration,
+}
+
+/// A recorded [`Churn`] run.
+pub struct ChurnResult {
+    pub executions: Vec<Execution>,
+    pub outcomes: Vec<Outcome>,
+    /// Keys `0..used` were called.
+    pub used: usize,
+    /// The value each key replayed (or got) in the final pass.
+    pub final_values: std::collections::HashMap<usize, String>,
+    /// Executions in the final pass (keys no worker got to, or whose record was lost).
+    pub final_executions: usize,
+}
+
+/// A [`Churn`] key that ran more than once.
+#[derive(Debug)]
+pub struct Rerun {
+    pub key: usize,
+    /// Each run's start and end, in ms from the fault.
+    pub runs: Vec<(i64, Option<i64>)>,
+    /// Whether the first run's caller got `Ok`.
+    pub first_ok: bool,
+}
+
+/// What [`ChurnResult::check`] counted.
+#[derive(Debug, Default)]
+pub struct ChurnSummary {
+    pub calls: usize,
+    pub oks: usize,
+    pub conflicts: usize,
+    pub store_errors: std::collections::BTreeMap<String, usize>,
+    /// Store errors on keys not exposed to the fault.
+    pub store_errors_unexposed: usize,
+    /// Keys that ran more than once.
+    pub reruns: Vec<Rerun>,
+    pub executions: usize,
+    pub final_executions: usize,
+    pub sample_error: Option<String>,
+}
+
+pub fn churn_key(i: usize) -> String {
+    format!("churn:{i}")
+}
+
+const CHURN_WINDOW: usize = 20;
+const CHURN_STEP_MS: u128 = 25;
+
+/// A body that records its execution, sleeps `pause`, and returns a value naming the execution.
+fn tracked(
+    execs: Executions,
+    key: usize,
+    pause: Duration,
+) -> impl FnOnce() -> std::pin::Pin<Box<dyn std::future::Future<Output = R<String>> + Send>> {
+    move || {
+        Box::pin(async move {
+            let id = {
+                let mut e = execs.lock().unwrap();
+                e.push(Execution { key, value: String::new(), started: tokio::time::Instant::now(), ended: None });
+                e.len() - 1
+            };
+            tokio::time::sleep(pause).await;
+            let value = format!("{} by execution {id}", churn_key(key));
+            let mut e = execs.lock().unwrap();
+            e[id].value = value.clone();
+            e[id].ended = Some(tokio::time::Instant::now());
+            R::Ok(value)
+        })
+    }
+}
+
+fn describe(e: AppError) -> String {
+    match e {
+        AppError::Idem(idempotent::Error::Conflict { .. }) => "conflict".to_owned(),
+        AppError::Idem(idempotent::Error::Store { source, .. }) => format!("store {:?}: {source}", source.kind()),
+        other => format!("unexpected {other:?}"),
+    }
+}
+
+impl Churn {
+    /// Starts `workers` workers spread over `clients`, each call with lease `lease` and a body of
+    /// 20 to 80 ms.
+    pub fn start(clients: &[Idempotency], workers: usize, lease: Duration) -> Churn {
+        let executions: Executions = Arc::default();
+        let outcomes: Arc<Mutex<Vec<Outcome>>> = Arc::default();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let started = tokio::time::Instant::now();
+        let handles = (0..workers)
+            .map(|w| {
+                let (idem, executions, outcomes, stop) =
+                    (clients[w % clients.len()].clone(), executions.clone(), outcomes.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let mut n = w * 7919;
+                    while !stop.load(Ordering::SeqCst) {
+                        n = (n * 31 + 17) % 1_000_003;
+                        let key = Self::base_at(started) + n % CHURN_WINDOW;
+                        let call_started = tokio::time::Instant::now();
+                        let body = tracked(executions.clone(), key, ms(20 + (n % 60) as u64));
+                        let result = idem.run(idempotent::Call::new(churn_key(key)).ttl(lease), body).await;
+                        let result = result.map_err(describe);
+                        let ended = tokio::time::Instant::now();
+                        outcomes.lock().unwrap().push(Outcome { key, started: call_started, ended, result });
+                        tokio::time::sleep(ms(5)).await;
+                    }
+                })
+            })
+            .collect();
+        Churn { executions, outcomes, stop, workers: handles, started, lease }
+    }
+
+    fn base_at(started: tokio::time::Instant) -> usize {
+        (started.elapsed().as_millis() / CHURN_STEP_MS) as usize
+    }
+
+    /// The first key of the window now.
+    pub fn base(&self) -> usize {
+        Self::base_at(self.started)
+    }
+
+    /// Retries a call on the first key from the window on for which `pick` holds, through
+    /// `client`, until it succeeds (within `limit`).
+    pub async fn wait_until_calls_work(&self, client: &Idempotency, pick: impl Fn(usize) -> bool, limit: Duration) {
+        let key = (self.base()..).find(|&k| pick(k)).unwrap();
+        eventually(limit, "calls to work again", || {
+            let body = tracked(self.executions.clone(), key, Duration::ZERO);
+            let call = idempotent::Call::new(churn_key(key)).ttl(self.lease);
+            async move { client.run(call, body).await.ok() }
+        })
+        .await;
+    }
+
+    /// Stops the workers, waits until every lease taken has run out, and calls every key used
+    /// once more through `client`: each must replay or run (a key still held is a failure:
+    /// stuck past its lease).
+    pub async fn stop(self, client: &Idempotency) -> ChurnResult {
+        self.stop.store(true, Ordering::SeqCst);
+        for w in self.workers {
+            w.await.unwrap();
+        }
+        let used = Self::base_at(self.started) + CHURN_WINDOW;
+        tokio::time::sleep(self.lease + ms(300)).await;
+        let before = self.executions.lock().unwrap().len();
+        let mut final_values = std::collections::HashMap::new();
+        for key in 0..used {
+            let body = tracked(self.executions.clone(), key, Duration::ZERO);
+            match client.run(idempotent::Call::new(churn_key(key)).ttl(self.lease), body).await {
+                Ok(v) => final_values.insert(key, v),
+                Err(e) => panic!("{} after every lease ran out: {e:?} (stuck past its lease?)", churn_key(key)),
+            };
+        }
+        let executions = self.executions.lock().unwrap().clone();
+        let final_executions = executions.len() - before;
+        let outcomes = std::mem::take(&mut *self.outcomes.lock().unwrap());
+        ChurnResult { executions, outcomes, used, final_values, final_executions }
+    }
+}
+
+impl ChurnResult {
+    /// Checks the run against a fault at `fault` that ended at `recovered` (calls worked again)
+    /// and could only have touched keys for which `exposed` holds:
+    /// - a key ran twice only if it is exposed and its first run was in flight in the fault's
+    ///   window (from 500 ms before the fault, for writes not yet replicated, to a second after
+    ///   the recovery, for calls sent before it), and never more than twice;
+    /// - every value a caller got is an execution's value, and every other key's callers all got
+    ///   the value its record replays in the end;
+    /// - every error is a conflict or a store error, and store errors only happen in the window.
+    pub fn check(
+        &self,
+        fault: tokio::time::Instant,
+        recovered: tokio::time::Instant,
+        exposed: impl Fn(usize) -> bool,
+    ) -> ChurnSummary {
+        let window = (fault - ms(500), recovered + ms(1000));
+        let in_window = |from: tokio::time::Instant, to: tokio::time::Instant| from <= window.1 && to >= window.0;
+        let rel = |t: tokio::time::Instant| {
+            t.saturating_duration_since(fault).as_millis() as i64
+                - fault.saturating_duration_since(t).as_millis() as i64
+        };
+        let mut per_key: std::collections::BTreeMap<usize, Vec<&Execution>> = Default::default();
+        for e in &self.executions {
+            per_key.entry(e.key).or_default().push(e);
+        }
+        let mut summary = ChurnSummary {
+            executions: self.executions.len(),
+            final_executions: self.final_executions,
+            calls: self.outcomes.len(),
+            ..Default::default()
+        };
+        for (&key, execs) in &per_key {
+            if execs.len() < 2 {
+                continue;
+            }
+            let first = execs[0];
+            let first_end = first.ended.unwrap_or(recovered);
+            assert!(
+                exposed(key) && in_window(first.started, first_end) && execs.len() == 2,
+                "{} ran {} times, but {}: {execs:#?}",
+                churn_key(key),
+                execs.len(),
+                if !exposed(key) {
+                    "the fault could not touch it"
+                } else if execs.len() > 2 {
+                    "more than twice"
+                } else {
+                    "its first run was not in the fault's window"
+                }
+            );
+            let spans = execs.iter().map(|e| (rel(e.started), e.ended.map(rel))).collect();
+            let first_ok = self.outcomes.iter().any(|o| o.result.as_deref() == Ok(first.value.as_str()));
+            summary.reruns.push(Rerun { key, runs: spans, first_ok });
+        }
+        let values: std::collections::HashSet<&str> = self.executions.iter().map(|e| e.value.as_str()).collect();
+        for o in &self.outcomes {
+            match &o.result {
+                Ok(v) => {
+                    summary.oks += 1;
+                    assert!(values.contains(v.as_str()), "{}: {v:?} is no execution's value", churn_key(o.key));
+                    if !summary.reruns.iter().any(|r| r.key == o.key) {
+                        assert_eq!(v, &self.final_values[&o.key], "{} replayed another value", churn_key(o.key));
+                    }
+                }
+                Err(e) if e == "conflict" => summary.conflicts += 1,
+                Err(e) if e.starts_with("store ") => {
+                    assert!(
+                        in_window(o.started, o.ended),
+                        "store error outside the fault's window ({} ms from the fault): {e}",
+                        rel(o.ended)
+                    );
+                    *summary.store_errors.entry(e.split(':').next().unwrap().to_owned()).or_default() += 1;
+                    if !exposed(o.key) {
+                        summary.store_errors_unexposed += 1;
+                    }
+                    summary.sample_error.get_or_insert_with(|| e.clone());
+                }
+                Err(e) => panic!("{}: {e}", churn_key(o.key)),
+            }
+        }
+        summary
     }
 }
