@@ -587,7 +587,7 @@ async fn run(o: Options) {
         println!("round trips, {path}: {got:.2} per call (target {want}) {verdict}");
     }
     let fallbacks = counters.read().await.evals;
-    println!("EVAL fallbacks after NOSCRIPT: {fallbacks} (one per script on a fresh server)");
+    println!("EVAL fallbacks after NOSCRIPT: {fallbacks} (the store loads its scripts when it connects)");
     if o.check {
         if wrong > 0 {
             eprintln!("round-trip counts differ from the targets");

@@ -367,9 +367,14 @@ impl Idempotency {
             result,
             fingerprint: held.fingerprint.as_deref(),
         };
-        // Commit is safe to repeat, so a failed attempt is retried a few times.
+        // Commit is safe to repeat (and records the result even if the key is gone), so a
+        // failed attempt is retried until the lease would have run out: a failover or a
+        // reconnection shorter than that loses nothing. At least three attempts.
+        let until = Instant::now().max(held.sent + held.lease);
         let mut backoff = Duration::from_millis(25);
-        for attempt in 1..=3 {
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
             match self.inner.store.commit(request).await {
                 Ok(Transition::Done) => {
                     if let (Some(cache), Some(bytes)) = (&self.inner.cache, result) {
@@ -386,17 +391,17 @@ impl Idempotency {
                     tracing::warn!(key = %held.key, reason = %reason, "idempotency result not stored: the key is corrupt");
                     return Ok(());
                 }
-                Err(e) if attempt < 3 => {
+                Err(e) if attempt < 3 || Instant::now() + backoff < until => {
                     tracing::warn!(key = %held.key, error = %e, attempt, "idempotency commit failed; retrying");
                     tokio::time::sleep(backoff).await;
-                    backoff *= 4;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
                 }
                 Err(e) => {
-                    tracing::warn!(key = %held.key, error = %e, "idempotency result not stored: the store failed");
+                    tracing::warn!(key = %held.key, error = %e, attempt, "idempotency result not stored: the store failed");
+                    return Ok(());
                 }
             }
         }
-        Ok(())
     }
 }
 
