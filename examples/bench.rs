@@ -261,6 +261,18 @@ impl Bench {
 
 type R<T> = Result<T, Error>;
 
+/// Replays of the 1,000 keys `replay:{i}` completed beforehand: true when the stored value came
+/// back.
+fn replay_op(idem: Idempotency) -> impl Fn(usize, u64) -> std::pin::Pin<Box<dyn Future<Output = bool> + Send>> {
+    move |_, i| {
+        let idem = idem.clone();
+        Box::pin(async move {
+            let r: R<Receipt> = idem.run(Call::new(format!("replay:{}", i % 1000)), || async { Ok(receipt(0)) }).await;
+            r.is_ok_and(|v| v.id == i % 1000)
+        })
+    }
+}
+
 /// Completes `n` keys named `{prefix}{i}` so replays have something to find.
 async fn complete_keys(idem: &Idempotency, prefix: &str, n: u64) {
     for i in 0..n {
@@ -659,29 +671,9 @@ async fn run(o: Options) {
                 }
             })
             .await;
-        let idem = redis.clone();
-        let replay = bench
-            .case("replay", "redis", c, move |_, i| {
-                let idem = idem.clone();
-                async move {
-                    let r: R<Receipt> =
-                        idem.run(Call::new(format!("replay:{}", i % 1000)), || async { Ok(receipt(0)) }).await;
-                    r.is_ok_and(|v| v.id == i % 1000)
-                }
-            })
-            .await;
+        let replay = bench.case("replay", "redis", c, replay_op(redis.clone())).await;
         bench.ratio(replay, naive_replay);
-        let idem = cached.clone();
-        let hot = bench
-            .case("replay, cached", "redis", c, move |_, i| {
-                let idem = idem.clone();
-                async move {
-                    let r: R<Receipt> =
-                        idem.run(Call::new(format!("replay:{}", i % 1000)), || async { Ok(receipt(0)) }).await;
-                    r.is_ok_and(|v| v.id == i % 1000)
-                }
-            })
-            .await;
+        let hot = bench.case("replay, cached", "redis", c, replay_op(cached.clone())).await;
         bench.ratio(hot, naive_replay);
         let idem = redis.clone();
         let conflict = bench
@@ -694,9 +686,6 @@ async fn run(o: Options) {
             })
             .await;
         bench.ratio(conflict, floor_row);
-        bench.ratio(floor_row, naive_first);
-        bench.rows[floor_row].baseline = None;
-        bench.rows[floor_row].ratio = None;
     }
     release.store(true, Ordering::Relaxed);
     for h in holders {
@@ -718,27 +707,8 @@ async fn run(o: Options) {
         })
         .await;
     complete_keys(&memory, "replay:", 1000).await;
-    let m = memory.clone();
-    bench
-        .case("replay", "memory", 1, move |_, i| {
-            let m = m.clone();
-            async move {
-                let r: R<Receipt> = m.run(Call::new(format!("replay:{}", i % 1000)), || async { Ok(receipt(0)) }).await;
-                r.is_ok_and(|v| v.id == i % 1000)
-            }
-        })
-        .await;
-    let hot = cached.clone();
-    bench
-        .case("replay, cached", "cache", 1, move |_, i| {
-            let hot = hot.clone();
-            async move {
-                let r: R<Receipt> =
-                    hot.run(Call::new(format!("replay:{}", i % 1000)), || async { Ok(receipt(0)) }).await;
-                r.is_ok_and(|v| v.id == i % 1000)
-            }
-        })
-        .await;
+    bench.case("replay", "memory", 1, replay_op(memory.clone())).await;
+    bench.case("replay, cached", "cache", 1, replay_op(cached.clone())).await;
 
     let waiter = Idempotency::new(RedisStore::connect(&url).await.expect("second client"));
     let wait = wait_latency(&redis, &waiter, if o.short { 50 } else { 200 }).await;

@@ -8,13 +8,7 @@ if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&
 fi
 
 echo "chromium or chromedriver not found: installing Debian's chromium and chromium-driver packages" >&2
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then
-    SUDO="sudo"
-fi
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -q >/dev/null
-$SUDO apt-get install -y -q --no-install-recommends chromium chromium-driver fonts-dejavu-core >/dev/null
+bash "$(dirname "$0")/apt-install.sh" chromium chromium-driver fonts-dejavu-core
 for tool in chromium chromedriver; do
     command -v "$tool" >/dev/null 2>&1 || { echo "$tool still missing after install" >&2; exit 1; }
 done

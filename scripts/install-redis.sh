@@ -8,13 +8,7 @@ if command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>
 fi
 
 echo "redis-server not found: installing Debian's redis-server package" >&2
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then
-    SUDO="sudo"
-fi
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -q
-$SUDO apt-get install -y -q --no-install-recommends redis-server redis-tools
+bash "$(dirname "$0")/apt-install.sh" redis-server redis-tools
 # The package may start a system service on 6379; the tests start their own servers and do not
 # use it.
 command -v redis-server >/dev/null 2>&1 || { echo "redis-server still missing after install" >&2; exit 1; }

@@ -444,14 +444,7 @@ async fn primary_killed_mid_run_replica_takes_over() {
         summary.executions,
         summary.final_executions
     );
-    println!(
-        "keys run twice (first run in flight during the failover), each run's start and end in ms from the kill, and \
-         whether the first run's caller got Ok: {:?}",
-        summary.reruns
-    );
-    if let Some(e) = &summary.sample_error {
-        println!("a store error as callers see it: {e}");
-    }
+    summary.print_reruns_and_sample();
     assert!(summary.oks > 500, "too few calls completed for the run to mean anything");
     assert!(!summary.store_errors.is_empty(), "no call was caught in the failover: the kill did not hit the run");
 }

@@ -697,6 +697,20 @@ impl Churn {
     }
 }
 
+impl ChurnSummary {
+    /// Prints the keys run twice and one store error as callers saw it.
+    pub fn print_reruns_and_sample(&self) {
+        println!(
+            "keys run twice (first run in flight during the failover), each run's start and end in ms from the kill, \
+             and whether the first run's caller got Ok: {:?}",
+            self.reruns
+        );
+        if let Some(e) = &self.sample_error {
+            println!("a store error as callers see it: {e}");
+        }
+    }
+}
+
 impl ChurnResult {
     /// Checks the run against a fault at `fault` that ended at `recovered` (calls worked again)
     /// and could only have touched keys for which `exposed` holds:
