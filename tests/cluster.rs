@@ -232,12 +232,10 @@ async fn slot_moved_between_calls_follows_moved() {
 /// half moved for a while: calls on its keys must follow ASK (keys already moved, or new) and
 /// then MOVED; every key's body runs once, completed keys replay across the move, no call fails.
 ///
-/// Ignored: with fred 10.1 the first ASK redirection fails the command ("Max attempts
-/// reached.", or "channel closed" for the commands behind it) and ends the client's routing
-/// task: every later command of that client, on any slot, times out, while a fresh client
-/// works. Run it with `--ignored` once the store or fred handles ASK.
+/// fred 10.1 ends a client's routing task on the first ASK redirection; the store's supervisor
+/// (store/redis/supervise.rs) starts it again. Without the supervisor this test fails: every
+/// call after the first ASK times out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fred 10.1 ends the client's routing task on the first ASK redirection (see the doc comment)"]
 async fn slot_migrated_mid_run_follows_ask_and_moved() {
     let cluster = Arc::new(tokio::task::block_in_place(RedisCluster::start));
     let prefix = unique_prefix("asked");

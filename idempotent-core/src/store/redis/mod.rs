@@ -3,6 +3,7 @@
 //! itself.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,6 +18,7 @@ use crate::error::{StoreError, StoreErrorKind};
 mod keys;
 mod replies;
 mod scripts;
+mod supervise;
 mod watch;
 
 pub use fred;
@@ -51,12 +53,19 @@ struct Inner {
     prefix: String,
     timeout: Duration,
     acks: Option<ReplicaAcks>,
+    /// Set when the store closes: the supervisors then let the connection tasks end.
+    closing: Arc<AtomicBool>,
+    supervisors: Vec<tokio::task::JoinHandle<()>>,
     clustered: bool,
     subscriptions: OnceCell<watch::Subscriptions>,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        self.closing.store(true, Ordering::Release);
+        for task in &self.supervisors {
+            task.abort();
+        }
         let pool = self.pool.clone();
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
@@ -126,6 +135,7 @@ impl RedisStore {
 
     /// Closes the store's connections.
     pub async fn quit(&self) {
+        self.inner.closing.store(true, Ordering::Release);
         let _ = self.inner.pool.quit().await;
         if let Some(subs) = self.inner.subscriptions.get() {
             let _ = subs.quit().await;
@@ -361,13 +371,25 @@ impl RedisStoreBuilder {
                 c.internal_command_timeout = self.timeout;
             });
         let pool = builder.build_pool(self.pool_size).map_err(|e| store_error("configure", e))?;
-        match tokio::time::timeout(self.connect_timeout, pool.init()).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => return Err(store_error("connect", e)),
-            Err(_) => {
-                let _ = pool.quit().await;
-                return Err(StoreError::timeout("connect", self.connect_timeout));
+        let closing = Arc::new(AtomicBool::new(false));
+        let supervisors: Vec<_> =
+            pool.clients().iter().map(|c| supervise::supervise(c.clone(), closing.clone())).collect();
+        let connected = async {
+            for client in pool.clients() {
+                client.wait_for_connect().await?;
             }
+            Ok::<_, Error>(())
+        };
+        let failed = match tokio::time::timeout(self.connect_timeout, connected).await {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(store_error("connect", e)),
+            Err(_) => Some(StoreError::timeout("connect", self.connect_timeout)),
+        };
+        if let Some(e) = failed {
+            closing.store(true, Ordering::Release);
+            supervisors.iter().for_each(|t| t.abort());
+            let _ = pool.quit().await;
+            return Err(e);
         }
         // Load the scripts now (on every primary of a cluster), so that the first call of
         // each does not pay a NOSCRIPT round trip: on a slow link that doubles the first
@@ -383,6 +405,8 @@ impl RedisStoreBuilder {
                 prefix: self.prefix,
                 timeout: self.timeout,
                 acks: self.acks,
+                closing,
+                supervisors,
                 clustered,
                 subscriptions: OnceCell::new(),
             }),
