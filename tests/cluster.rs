@@ -169,31 +169,57 @@ async fn watchdog_renews_leases_spread_over_slots() {
     println!("60 leases on {} slots renewed for 2 s: {conflicts} duplicates refused", slots.len());
 }
 
-/// Sixteen keys whose records share one slot, with the slot (on a cluster of the test's own).
-async fn keys_of_one_slot(cluster: &RedisCluster, prefix: &str) -> (RedisStore, u16, Vec<String>) {
-    let store = store(cluster, prefix, Duration::from_secs(2)).await;
-    let slot = slot_of(&store.record_key("mig:0"));
-    let keys = tokio::task::block_in_place(|| {
-        (0..).map(|i| format!("mig:{i}")).filter(|k| slot_of(&store.record_key(k)) == slot).take(16).collect()
-    });
-    (store, slot, keys)
+/// What the migration tests start from: a runtime on 16 keys of one slot, the first 8 of them
+/// completed, the slot's primary and another one to move the slot to.
+struct Migration {
+    store: RedisStore,
+    idem: Idempotency,
+    runs: Arc<Vec<AtomicUsize>>,
+    keys: Vec<String>,
+    slot: u16,
+    from: u16,
+    to: u16,
 }
 
-/// Runs the body of key `i` (counted in `runs[i]`) through `idem`.
-fn migration_call(
-    idem: &Idempotency,
-    runs: &Arc<Vec<AtomicUsize>>,
-    keys: &[String],
-    i: usize,
-) -> impl std::future::Future<Output = R<String>> + Send + 'static {
-    let (idem, runs, key) = (idem.clone(), runs.clone(), keys[i].clone());
-    async move {
-        idem.run(Call::new(key.clone()), || async move {
-            runs[i].fetch_add(1, SeqCst);
-            tokio::time::sleep(ms(30)).await;
-            R::Ok(format!("{key} done"))
-        })
-        .await
+impl Migration {
+    async fn prepare(cluster: &RedisCluster, prefix: &str) -> Migration {
+        let store = store(cluster, prefix, Duration::from_secs(2)).await;
+        let slot = slot_of(&store.record_key("mig:0"));
+        let keys: Vec<String> = tokio::task::block_in_place(|| {
+            (0..).map(|i| format!("mig:{i}")).filter(|k| slot_of(&store.record_key(k)) == slot).take(16).collect()
+        });
+        let runs = Arc::new(keys.iter().map(|_| AtomicUsize::new(0)).collect());
+        let from = tokio::task::block_in_place(|| cluster.primary_for_slot(slot));
+        let to = tokio::task::block_in_place(|| cluster.primaries()).into_iter().find(|p| *p != from).unwrap();
+        let m = Migration { idem: Idempotency::new(store.clone()), store, runs, keys, slot, from, to };
+        for i in 0..8 {
+            assert_eq!(m.call(i).await.unwrap(), m.done(i));
+        }
+        m
+    }
+
+    /// Runs the body of key `i` (counted in `runs[i]`).
+    fn call(&self, i: usize) -> impl std::future::Future<Output = R<String>> + Send + 'static {
+        let (idem, runs, key) = (self.idem.clone(), self.runs.clone(), self.keys[i].clone());
+        async move {
+            idem.run(Call::new(key.clone()), || async move {
+                runs[i].fetch_add(1, SeqCst);
+                tokio::time::sleep(ms(30)).await;
+                R::Ok(format!("{key} done"))
+            })
+            .await
+        }
+    }
+
+    /// What key `i`'s body returns.
+    fn done(&self, i: usize) -> String {
+        format!("{} done", self.keys[i])
+    }
+
+    /// Asserts every key's body ran exactly once.
+    fn assert_each_ran_once(&self) {
+        let runs: Vec<usize> = self.runs.iter().map(|r| r.load(SeqCst)).collect();
+        assert!(runs.iter().all(|&r| r == 1), "bodies ran {runs:?} times");
     }
 }
 
@@ -202,30 +228,23 @@ fn migration_call(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slot_moved_between_calls_follows_moved() {
     let cluster = tokio::task::block_in_place(RedisCluster::start);
-    let prefix = unique_prefix("moved");
-    let (store, slot, keys) = keys_of_one_slot(&cluster, &prefix).await;
-    let idem = Idempotency::new(store.clone());
-    let runs: Arc<Vec<AtomicUsize>> = Arc::new(keys.iter().map(|_| AtomicUsize::new(0)).collect());
-    for i in 0..8 {
-        assert_eq!(migration_call(&idem, &runs, &keys, i).await.unwrap(), format!("{} done", keys[i]));
-    }
-    let from = tokio::task::block_in_place(|| cluster.primary_for_slot(slot));
-    let to = tokio::task::block_in_place(|| cluster.primaries()).into_iter().find(|p| *p != from).unwrap();
-    let moved = tokio::task::block_in_place(|| cluster.migrate_slot(slot, to, Duration::ZERO));
+    let m = Migration::prepare(&cluster, &unique_prefix("moved")).await;
+    let moved = tokio::task::block_in_place(|| cluster.migrate_slot(m.slot, m.to, Duration::ZERO));
     assert_eq!(moved, 8);
     for round in 0..2 {
-        for i in 0..keys.len() {
-            let got = migration_call(&idem, &runs, &keys, i).await;
-            assert_eq!(got.unwrap(), format!("{} done", keys[i]), "round {round} after the move");
+        for i in 0..m.keys.len() {
+            assert_eq!(m.call(i).await.unwrap(), m.done(i), "round {round} after the move");
         }
     }
-    let runs: Vec<usize> = runs.iter().map(|r| r.load(SeqCst)).collect();
-    assert!(runs.iter().all(|&r| r == 1), "bodies ran {runs:?} times");
-    for key in &keys {
-        let record = support::command_at(to, &["GET", &store.record_key(key)]).unwrap();
+    m.assert_each_ran_once();
+    for key in &m.keys {
+        let record = support::command_at(m.to, &["GET", &m.store.record_key(key)]).unwrap();
         assert!(record.starts_with("C|"), "{key} is not completed on the new primary: {record:?}");
     }
-    println!("slot {slot} moved from {from} to {to} between calls: 8 completed keys replayed, 8 new keys ran once");
+    println!(
+        "slot {} moved from {} to {} between calls: 8 completed keys replayed, 8 new keys ran once",
+        m.slot, m.from, m.to
+    );
 }
 
 /// A slot moved from one primary to another mid-run, its keys one by one so that the slot is
@@ -238,54 +257,46 @@ async fn slot_moved_between_calls_follows_moved() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slot_migrated_mid_run_follows_ask_and_moved() {
     let cluster = Arc::new(tokio::task::block_in_place(RedisCluster::start));
-    let prefix = unique_prefix("asked");
-    let (store, slot, keys) = keys_of_one_slot(&cluster, &prefix).await;
-    let idem = Idempotency::new(store.clone());
-    let runs: Arc<Vec<AtomicUsize>> = Arc::new(keys.iter().map(|_| AtomicUsize::new(0)).collect());
     // Half the keys completed before the move, the other half fresh during it.
-    for i in 0..8 {
-        assert_eq!(migration_call(&idem, &runs, &keys, i).await.unwrap(), format!("{} done", keys[i]));
-    }
-    let from = tokio::task::block_in_place(|| cluster.primary_for_slot(slot));
-    let to = tokio::task::block_in_place(|| cluster.primaries()).into_iter().find(|p| *p != from).unwrap();
+    let m = Arc::new(Migration::prepare(&cluster, &unique_prefix("asked")).await);
     let migration = tokio::task::spawn_blocking({
-        let cluster = cluster.clone();
+        let (cluster, slot, to) = (cluster.clone(), m.slot, m.to);
         move || cluster.migrate_slot(slot, to, ms(150))
     });
     let (mut calls, mut conflicts, mut failures) = (0, 0, Vec::new());
     let mut round = 0;
     while !migration.is_finished() {
         let mut tasks = tokio::task::JoinSet::new();
-        for i in 0..keys.len() {
-            let (call, key) = (migration_call(&idem, &runs, &keys, i), keys[i].clone());
-            tasks.spawn(async move { (key, call.await) });
+        for i in 0..m.keys.len() {
+            let call = m.call(i);
+            tasks.spawn(async move { (i, call.await) });
         }
         while let Some(done) = tasks.join_next().await {
-            let (key, got) = done.unwrap();
+            let (i, got) = done.unwrap();
             calls += 1;
             match got {
-                Ok(v) if v == format!("{key} done") => {}
+                Ok(v) if v == m.done(i) => {}
                 Err(AppError::Idem(Error::Conflict { .. })) => conflicts += 1,
-                other => failures.push(format!("round {round}, {key}: {other:?}")),
+                other => failures.push(format!("round {round}, {}: {other:?}", m.keys[i])),
             }
         }
         round += 1;
     }
     let moved = migration.await.unwrap();
-    for i in 0..keys.len() {
+    for i in 0..m.keys.len() {
         let t = Instant::now();
-        match migration_call(&idem, &runs, &keys, i).await {
-            Ok(v) if v == format!("{} done", keys[i]) => {}
-            other => failures.push(format!("after the move, {} ({:?}): {other:?}", keys[i], t.elapsed())),
+        match m.call(i).await {
+            Ok(v) if v == m.done(i) => {}
+            other => failures.push(format!("after the move, {} ({:?}): {other:?}", m.keys[i], t.elapsed())),
         }
     }
     assert!(failures.is_empty(), "{} calls failed during or after the move:\n{}", failures.len(), failures.join("\n"));
-    let runs: Vec<usize> = runs.iter().map(|r| r.load(SeqCst)).collect();
-    assert!(runs.iter().all(|&r| r == 1), "bodies ran {runs:?} times");
+    m.assert_each_ran_once();
     assert!(moved >= 8, "only {moved} keys were moved: the slot was not half moved for long");
     println!(
-        "slot {slot} moved from {from} to {to} ({moved} keys, one every 150 ms): {calls} calls in {round} rounds \
-         during the move, {conflicts} conflicts, 0 failures; every body ran once"
+        "slot {} moved from {} to {} ({moved} keys, one every 150 ms): {calls} calls in {round} rounds \
+         during the move, {conflicts} conflicts, 0 failures; every body ran once",
+        m.slot, m.from, m.to
     );
 }
 

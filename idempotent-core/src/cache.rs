@@ -24,7 +24,7 @@ pub(crate) struct ReplayCache {
 
 struct Shard {
     map: HashMap<String, Cached>,
-    /// Insertion order, for eviction (first in, first out).
+    /// Insertion order, for eviction (first in, first out): exactly the map's keys.
     order: VecDeque<String>,
     capacity: usize,
 }
@@ -40,20 +40,14 @@ impl ReplayCache {
     }
 
     fn shard(&self, key: &str) -> std::sync::MutexGuard<'_, Shard> {
-        let h = key.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
-        self.shards[(h as usize) % SHARDS].lock().unwrap_or_else(|p| p.into_inner())
+        let h = crate::hash::fnv1a(key.as_bytes()) as usize;
+        self.shards[h % SHARDS].lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The live entry for `key`. An expired one stays until eviction or a new `put` replaces
+    /// it: entries leave the map only through the queue, so the two never disagree.
     pub(crate) fn get(&self, key: &str) -> Option<Cached> {
-        let mut shard = self.shard(key);
-        match shard.map.get(key) {
-            Some(c) if c.expires_at > Instant::now() => Some(c.clone()),
-            Some(_) => {
-                shard.map.remove(key);
-                None
-            }
-            None => None,
-        }
+        self.shard(key).map.get(key).filter(|c| c.expires_at > Instant::now()).cloned()
     }
 
     /// Caches a completed result for at most `kept_for` (the record's remaining life).
@@ -73,11 +67,6 @@ impl ReplayCache {
         while shard.map.len() > shard.capacity {
             let Some(oldest) = shard.order.pop_front() else { break };
             shard.map.remove(&oldest);
-        }
-        // Keys removed on expiry stay queued; drop them once the queue doubles the map.
-        if shard.order.len() > 2 * shard.capacity {
-            let Shard { map, order, .. } = &mut *shard;
-            order.retain(|k| map.contains_key(k));
         }
     }
 }

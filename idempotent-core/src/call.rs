@@ -136,6 +136,13 @@ impl Call {
         self
     }
 
+    /// Like [`fingerprint`](Self::fingerprint), for a payload that is raw bytes in parts (an
+    /// HTTP request's method, target and body): hashed as they are, without a JSON form.
+    pub fn fingerprint_parts<'a>(mut self, parts: impl IntoIterator<Item = &'a [u8]>) -> Self {
+        self.fingerprint = Some(Ok(codec::fingerprint_parts(parts)));
+        self
+    }
+
     /// Drop the body and fail with [`Error::LeaseLost`] as soon as the lease is known lost;
     /// by default the body runs on (a warning is logged) and its result is committed only if
     /// no other owner took the key.

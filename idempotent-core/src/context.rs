@@ -1,8 +1,7 @@
 //! The current call's context, readable from inside the body: its key, its fencing token, and
 //! whether its lease is known lost.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 tokio::task_local! {
     static CURRENT: CallContext;
@@ -34,23 +33,16 @@ pub struct CallContext {
 struct Inner {
     key: String,
     fence: u64,
-    lost: AtomicBool,
+    /// What showed the lease lost, once it is.
+    lost: OnceLock<&'static str>,
     /// Wakes the call when the lease is lost.
     on_lost: tokio::sync::Notify,
-    /// What showed the loss.
-    reason: std::sync::OnceLock<&'static str>,
 }
 
 impl CallContext {
     pub(crate) fn new(key: String, fence: u64) -> Self {
         CallContext {
-            inner: Arc::new(Inner {
-                key,
-                fence,
-                lost: AtomicBool::new(false),
-                on_lost: tokio::sync::Notify::new(),
-                reason: std::sync::OnceLock::new(),
-            }),
+            inner: Arc::new(Inner { key, fence, lost: OnceLock::new(), on_lost: tokio::sync::Notify::new() }),
         }
     }
 
@@ -74,20 +66,19 @@ impl CallContext {
 
     /// Whether the lease is known lost: another caller may be running the same key.
     pub fn is_lease_lost(&self) -> bool {
-        self.inner.lost.load(Ordering::Acquire)
+        self.inner.lost.get().is_some()
     }
 
     pub(crate) fn mark_lost(&self, reason: &'static str) {
-        let _ = self.inner.reason.set(reason);
-        self.inner.lost.store(true, Ordering::Release);
+        let _ = self.inner.lost.set(reason);
         self.inner.on_lost.notify_one();
     }
 
     /// Resolves once the lease is known lost, with what showed it.
     pub(crate) async fn lost(&self) -> &'static str {
         loop {
-            if self.is_lease_lost() {
-                return self.inner.reason.get().copied().unwrap_or("lease lost");
+            if let Some(reason) = self.inner.lost.get() {
+                return reason;
             }
             self.inner.on_lost.notified().await;
         }

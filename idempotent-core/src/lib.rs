@@ -40,6 +40,7 @@ mod context;
 mod duration;
 mod error;
 mod global;
+mod hash;
 mod ids;
 mod runtime;
 pub mod store;

@@ -160,9 +160,16 @@ impl Idempotency {
     }
 
     async fn issue(&self, scope: Option<&str>, ttl: Duration) -> Result<String, Error> {
+        let scope_key = || scope.unwrap_or("token").to_owned();
+        if ttl < crate::call::MIN_LEASE {
+            return Err(Error::InvalidCall {
+                key: scope_key(),
+                reason: format!("a token's lifetime of {ttl:?} is too short"),
+            });
+        }
         for _ in 0..3 {
             let token = ids::token().map_err(|e| Error::Store {
-                key: scope.unwrap_or("token").to_owned(),
+                key: scope_key(),
                 source: StoreError::new(StoreErrorKind::Backend, format!("no randomness for a token: {e}")),
             })?;
             let mut call = Call::token(&token);
@@ -170,9 +177,6 @@ impl Idempotency {
                 call = call.scope(scope);
             }
             let key = call.full_key();
-            if ttl < crate::call::MIN_LEASE {
-                return Err(Error::InvalidCall { key, reason: format!("a token's lifetime of {ttl:?} is too short") });
-            }
             match self.inner.store.issue_token(&key, ttl).await {
                 Ok(true) => return Ok(token),
                 Ok(false) => continue,
@@ -180,7 +184,7 @@ impl Idempotency {
             }
         }
         Err(Error::Store {
-            key: scope.unwrap_or("token").to_owned(),
+            key: scope_key(),
             source: StoreError::new(StoreErrorKind::Backend, "three fresh tokens in a row were taken"),
         })
     }

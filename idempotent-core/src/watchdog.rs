@@ -8,8 +8,8 @@
 //! on the monotonic clock: a slow reply can only make it early, never late.
 //!
 //! The loop is a task of the runtime's own, started on the first registration and ending when
-//! no lease is left (or the runtime is dropped); a call costs no timer and no task of its own,
-//! and a call shorter than a third of its lease costs no renewal at all.
+//! no lease has been left for a while (or the runtime is dropped); a call costs no timer and no
+//! task of its own, and a call shorter than a third of its lease costs no renewal at all.
 
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -261,16 +261,14 @@ async fn renewal_loop(weak: Weak<Shared>) {
                 // would cost a task spawn each.
                 let since = *idle_since.get_or_insert(now);
                 if now >= since + LINGER {
-                    reg.running = false;
-                    reg.next_look = None;
-                    return;
+                    return; // `_running` clears the registry's flag.
                 }
             } else {
                 idle_since = None;
             }
             // With nothing due sooner, look again after IDLE_LOOK: a registration then wakes the
             // loop only if its lease needs a look before that.
-            let mut next: Option<Instant> = Some(now + IDLE_LOOK);
+            let mut next = now + IDLE_LOOK;
             for (id, e) in reg.leases.iter_mut().filter(|(_, e)| !e.lost) {
                 if now >= e.deadline {
                     e.mark_lost("no renewal was confirmed before the lease ran out");
@@ -285,10 +283,9 @@ async fn renewal_loop(weak: Weak<Shared>) {
                     batch.ids.push(id);
                     batch.leases.push((e.key.clone(), e.owner.clone(), e.lease));
                 }
-                let look = e.next_look();
-                next = Some(next.map_or(look, |n| n.min(look)));
+                next = next.min(e.next_look());
             }
-            reg.next_look = next;
+            reg.next_look = Some(next);
             next
         };
         for batch in batches {
@@ -301,14 +298,8 @@ async fn renewal_loop(weak: Weak<Shared>) {
                 Renewed { sent, ids: batch.ids, result }
             });
         }
-        let wake = async {
-            match next {
-                Some(at) => tokio::time::sleep_until(at).await,
-                None => std::future::pending().await,
-            }
-        };
         tokio::select! {
-            () = wake => {}
+            () = tokio::time::sleep_until(next) => {}
             () = shared.wake.notified() => {}
             Some(done) = inflight.join_next() => {
                 if let Ok(renewed) = done {

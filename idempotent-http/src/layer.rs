@@ -11,6 +11,7 @@ use idempotent_core::{Idempotency, OnConflict};
 use tower_layer::Layer;
 
 use crate::header::DEFAULT_MAX_KEY_BYTES;
+use crate::problem::{Problem, ProblemKind};
 use crate::service::IdempotencyService;
 
 /// The header marking a replayed response by default: `Idempotent-Replayed: true`.
@@ -69,8 +70,20 @@ pub(crate) struct Policy {
 impl Policy {
     /// The runtime scope of client `client`'s keys (`kind` is `key` or `token`). The client id
     /// is length-prefixed, so that no client id and key can be cut differently into another's.
-    pub(crate) fn scope_for(&self, kind: &str, client: &str) -> String {
+    fn scope_for(&self, kind: &str, client: &str) -> String {
         format!("{}:{kind}:{}:{client}", self.scope, client.len())
+    }
+
+    /// The scope of the `kind` keys of the client that sent `request`, or the 403 problem when
+    /// the client extractor cannot tell who that is.
+    pub(crate) fn client_scope(&self, kind: &str, request: &request::Parts) -> Result<String, Problem> {
+        match (self.client)(request) {
+            Some(client) => Ok(self.scope_for(kind, &client)),
+            None => Err(Problem::new(
+                ProblemKind::UnidentifiedClient,
+                "the request does not say which client it comes from, so its keys cannot be scoped",
+            )),
+        }
     }
 }
 

@@ -7,14 +7,11 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use axum::body::Body;
-use base64::engine::general_purpose::STANDARD as BASE64;
-use base64::Engine as _;
 use bytes::Bytes;
 use http::{request, response, Request, Response};
 use http_body::Body as HttpBody;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use idempotent_core::{Call, Error};
-use serde::Serialize;
 use tower_service::Service;
 
 use crate::header::{parse_key, KeyError, IDEMPOTENCY_KEY};
@@ -41,14 +38,6 @@ impl<S> std::fmt::Debug for IdempotencyService<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IdempotencyService").field("scope", &self.policy.scope).finish_non_exhaustive()
     }
-}
-
-/// What the fingerprint covers: the method, the request target and the body.
-#[derive(Serialize)]
-struct Fingerprint<'a> {
-    method: &'a str,
-    target: &'a str,
-    body: String,
 }
 
 /// Why the guarded body did not produce a response to store; every one releases the key.
@@ -124,9 +113,9 @@ where
         }
         Err(e) => return Ok(Problem::new(ProblemKind::UnreadableBody, e.to_string()).into_response()),
     };
+    // The fingerprint covers the method, the request target and the body.
     let target = parts.uri.path_and_query().map_or_else(|| parts.uri.path(), |pq| pq.as_str());
-    let fingerprint = Fingerprint { method: parts.method.as_str(), target, body: BASE64.encode(&body) };
-    let call = call.fingerprint(&fingerprint);
+    let call = call.fingerprint_parts([parts.method.as_str().as_bytes(), target.as_bytes(), &body[..]]);
     let req = Request::from_parts(parts, B::from(body));
 
     // The first run leaves the handler's own response head here (all its headers, not only the
@@ -193,15 +182,9 @@ fn prepare(policy: &Policy, parts: &request::Parts) -> Result<Option<Call>, Prob
         }
         Err(e) => return Err(Problem::new(ProblemKind::MalformedKey, e.to_string())),
     };
-    let Some(client) = (policy.client)(parts) else {
-        return Err(Problem::new(
-            ProblemKind::UnidentifiedClient,
-            "the request does not say which client it comes from, so its key cannot be scoped",
-        ));
-    };
     let call = match policy.mode {
-        KeyMode::Token => Call::token(key).scope(policy.scope_for("token", &client)),
-        KeyMode::Required | KeyMode::Optional => Call::new(key).scope(policy.scope_for("key", &client)),
+        KeyMode::Token => Call::token(key).scope(policy.client_scope("token", parts)?),
+        KeyMode::Required | KeyMode::Optional => Call::new(key).scope(policy.client_scope("key", parts)?),
     };
     let mut call = call.on_conflict(policy.on_conflict);
     if let Some(ttl) = policy.ttl {

@@ -12,7 +12,6 @@ use http::{request, Response, StatusCode};
 use serde::{Deserialize, Serialize};
 
 use crate::layer::IdempotencyLayer;
-use crate::problem::{Problem, ProblemKind};
 use crate::service::problem_for;
 
 /// The token endpoint's answer: `{"token": "...", "expires_in": 3600}`. The client sends the
@@ -31,14 +30,10 @@ impl IdempotencyLayer {
     /// unidentified client, 503 when the store fails).
     pub async fn issue_token(&self, request: &request::Parts) -> Response<Body> {
         let policy = &self.policy;
-        let Some(client) = (policy.client)(request) else {
-            return Problem::new(
-                ProblemKind::UnidentifiedClient,
-                "the request does not say which client it comes from",
-            )
-            .into_response();
+        let scope = match policy.client_scope("token", request) {
+            Ok(scope) => scope,
+            Err(problem) => return problem.into_response(),
         };
-        let scope = policy.scope_for("token", &client);
         match policy.idem.issue_token_scoped(&scope, policy.token_ttl).await {
             Ok(token) => {
                 let body = IssuedToken { token, expires_in: policy.token_ttl.as_secs() };

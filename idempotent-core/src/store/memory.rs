@@ -5,9 +5,9 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::channels::Channels;
 use super::expiry::Expiries;
 use super::{AcquireOutcome, AcquireRequest, BoxFuture, CommitRequest, Lease, Mode, Store, Transition, Watcher};
 use crate::error::StoreError;
@@ -37,7 +37,7 @@ const SWEEP_FLOOR: usize = 1024;
 #[derive(Default)]
 pub struct MemoryStore {
     state: Mutex<State>,
-    watchers: std::sync::Arc<Mutex<HashMap<String, watch::Sender<u64>>>>,
+    watchers: Channels,
 }
 
 #[derive(Default)]
@@ -101,13 +101,6 @@ impl MemoryStore {
         // A panic while holding the lock cannot leave a record half-written (every write is a
         // single assignment), so a poisoned lock is still consistent.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn notify(&self, key: &str) {
-        let watchers = self.watchers.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(tx) = watchers.get(key) {
-            tx.send_modify(|n| *n += 1);
-        }
     }
 
     fn acquire_now(&self, req: AcquireRequest<'_>) -> AcquireOutcome {
@@ -240,7 +233,7 @@ impl MemoryStore {
             watched
         };
         if watched {
-            self.notify(req.key);
+            self.watchers.notify(req.key);
         }
         Transition::Done
     }
@@ -274,7 +267,7 @@ impl MemoryStore {
             watched
         };
         if watched {
-            self.notify(key);
+            self.watchers.notify(key);
         }
         Transition::Done
     }
@@ -305,26 +298,7 @@ impl MemoryStore {
     }
 
     fn watch_now(&self, key: &str) -> Watcher {
-        let mut watchers = self.watchers.lock().unwrap_or_else(|p| p.into_inner());
-        let rx = watchers.entry(key.to_owned()).or_insert_with(|| watch::channel(0).0).subscribe();
-        let guard = Unwatch { watchers: self.watchers.clone(), key: key.to_owned() };
-        Watcher::new(rx).with_guard(guard)
-    }
-}
-
-/// Drops the key's sender once its last watcher is gone.
-struct Unwatch {
-    watchers: std::sync::Arc<Mutex<HashMap<String, watch::Sender<u64>>>>,
-    key: String,
-}
-
-impl Drop for Unwatch {
-    fn drop(&mut self) {
-        let mut watchers = self.watchers.lock().unwrap_or_else(|p| p.into_inner());
-        // The watcher's receiver is dropped before its guard, so no receiver means no watcher.
-        if watchers.get(&self.key).is_some_and(|tx| tx.receiver_count() == 0) {
-            watchers.remove(&self.key);
-        }
+        self.watchers.watch(key, |_| {}).0
     }
 }
 

@@ -22,6 +22,7 @@ use tokio::sync::watch;
 
 use crate::error::StoreError;
 
+mod channels;
 mod expiry;
 pub mod memory;
 #[cfg(feature = "redis")]

@@ -5,10 +5,7 @@
 //! included), and keys spread evenly over a cluster's slots. The key itself follows in clear so
 //! that `redis-cli --scan --pattern 'idem:*:orders:*'` finds an operator's records.
 
-/// FNV-1a, 32 bits: stable across versions and processes, cheap per call.
-pub(crate) fn fnv1a(bytes: &[u8]) -> u32 {
-    bytes.iter().fold(0x811c_9dc5u32, |h, b| (h ^ u32::from(*b)).wrapping_mul(0x0100_0193))
-}
+use crate::hash::fnv1a;
 
 /// The Redis key of the record for `key` under `prefix`.
 pub(crate) fn record_key(prefix: &str, key: &str) -> String {

@@ -2,6 +2,7 @@
 //! (see `lua/`), each call is bounded by the store's own timeout, and the client reconnects by
 //! itself.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -123,7 +124,7 @@ impl RedisStore {
     }
 
     /// The Redis key holding the record of `key` (scope included), for operators and tests:
-    /// `redis-cli HGETALL <it>` shows the record.
+    /// `redis-cli GET <it>` shows the record (see `lua/lib.lua` for its fields).
     pub fn record_key(&self, key: &str) -> String {
         keys::record_key(&self.inner.prefix, key)
     }
@@ -148,16 +149,13 @@ impl RedisStore {
         let clients = self.inner.pool.clients();
         match clients.len() {
             1 => &clients[0],
-            n => &clients[keys::fnv1a(key.as_bytes()) as usize % n],
+            n => &clients[crate::hash::fnv1a(key.as_bytes()) as usize % n],
         }
     }
 
-    /// Runs `op`, bounded by the store's timeout.
+    /// Runs the fred command `op`, bounded by the store's timeout.
     async fn bounded<T>(&self, op: &str, fut: impl Future<Output = Result<T, Error>>) -> Result<T, StoreError> {
-        match tokio::time::timeout(self.inner.timeout, fut).await {
-            Ok(result) => result.map_err(|e| store_error(op, e)),
-            Err(_) => Err(StoreError::timeout(op, self.inner.timeout)),
-        }
+        within(op, self.inner.timeout, async { fut.await.map_err(|e| store_error(op, e)) }).await
     }
 
     async fn script(
@@ -211,18 +209,14 @@ impl RedisStore {
     }
 
     async fn renew_inner(&self, leases: &[Lease<'_>]) -> Result<Vec<bool>, StoreError> {
-        // One script call per hash slot (all of them in one call on a standalone server).
-        let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
+        // One script call per hash slot (a single one on a standalone server), all sent at once.
         let keys: Vec<String> = leases.iter().map(|l| self.record_key(l.key)).collect();
+        let mut groups: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
         for (i, key) in keys.iter().enumerate() {
             let slot = if self.inner.clustered { fred::util::redis_keyslot(key.as_bytes()) } else { 0 };
-            match groups.iter_mut().find(|(s, _)| *s == slot) {
-                Some((_, members)) => members.push(i),
-                None => groups.push((slot, vec![i])),
-            }
+            groups.entry(slot).or_default().push(i);
         }
-        let mut renewed = vec![false; leases.len()];
-        for (_, members) in groups {
+        let calls = groups.values().map(|members| async {
             let args = || {
                 let group_keys: Vec<Key> = members.iter().map(|&i| keys[i].as_str().into()).collect();
                 let values: Vec<Value> =
@@ -231,7 +225,11 @@ impl RedisStore {
             };
             let client = self.client_for(leases[members[0]].key);
             let reply = self.bounded("renew", scripts::run(client, &scripts::RENEW, args)).await?;
-            for (flag, &i) in replies::renewed(reply, members.len())?.into_iter().zip(&members) {
+            Ok::<_, StoreError>(members.iter().zip(replies::renewed(reply, members.len())?))
+        });
+        let mut renewed = vec![false; leases.len()];
+        for group in join_all(calls).await {
+            for (&i, flag) in group? {
                 renewed[i] = flag;
             }
         }
@@ -266,11 +264,8 @@ impl RedisStore {
         let slot = fred::util::redis_keyslot(self.record_key(key).as_bytes());
         let wait = CustomCommand::new_static("WAIT", fred::types::ClusterHash::Custom(slot), false);
         let args = vec![acks.replicas.to_string(), millis(acks.timeout).to_string()];
-        let bound = acks.timeout + self.inner.timeout;
-        let got: i64 = match tokio::time::timeout(bound, self.client_for(key).custom(wait, args)).await {
-            Ok(reply) => reply.map_err(|e| store_error(op, e))?,
-            Err(_) => return Err(StoreError::timeout(op, bound)),
-        };
+        let command = async { self.client_for(key).custom(wait, args).await.map_err(|e| store_error(op, e)) };
+        let got: i64 = within(op, acks.timeout + self.inner.timeout, command).await?;
         if got < i64::from(acks.replicas) {
             return Err(StoreError::new(
                 StoreErrorKind::Replication,
@@ -299,11 +294,7 @@ impl RedisStore {
                 self.bounded("subscribe", watch::Subscriptions::start(client)).await
             })
             .await?;
-        let channel = self.record_key(key);
-        match tokio::time::timeout(self.inner.timeout, subs.watch(&channel)).await {
-            Ok(watcher) => watcher,
-            Err(_) => Err(StoreError::timeout("subscribe", self.inner.timeout)),
-        }
+        within("subscribe", self.inner.timeout, subs.watch(&self.record_key(key))).await
     }
 }
 
@@ -376,16 +367,11 @@ impl RedisStoreBuilder {
             pool.clients().iter().map(|c| supervise::supervise(c.clone(), closing.clone())).collect();
         let connected = async {
             for client in pool.clients() {
-                client.wait_for_connect().await?;
+                client.wait_for_connect().await.map_err(|e| store_error("connect", e))?;
             }
-            Ok::<_, Error>(())
+            Ok(())
         };
-        let failed = match tokio::time::timeout(self.connect_timeout, connected).await {
-            Ok(Ok(())) => None,
-            Ok(Err(e)) => Some(store_error("connect", e)),
-            Err(_) => Some(StoreError::timeout("connect", self.connect_timeout)),
-        };
-        if let Some(e) = failed {
+        if let Err(e) = within("connect", self.connect_timeout, connected).await {
             closing.store(true, Ordering::Release);
             supervisors.iter().for_each(|t| t.abort());
             let _ = pool.quit().await;
@@ -394,8 +380,7 @@ impl RedisStoreBuilder {
         // Load the scripts now (on every primary of a cluster), so that the first call of
         // each does not pay a NOSCRIPT round trip: on a slow link that doubles the first
         // renewal's time. A failure here is harmless: EVALSHA falls back to EVAL.
-        let scripts = [&*scripts::ACQUIRE, &*scripts::RENEW, &*scripts::COMMIT, &*scripts::RELEASE, &*scripts::ISSUE];
-        for script in scripts {
+        for script in scripts::all() {
             let _ = tokio::time::timeout(self.timeout, script.load(pool.next())).await;
         }
         Ok(RedisStore {
@@ -414,13 +399,46 @@ impl RedisStoreBuilder {
     }
 }
 
+/// `fut`, failing with a store error of kind `Timeout` after `bound`.
+async fn within<T>(
+    op: &str,
+    bound: Duration,
+    fut: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    tokio::time::timeout(bound, fut).await.unwrap_or_else(|_| Err(StoreError::timeout(op, bound)))
+}
+
+/// Runs `futs` concurrently; their outputs in order.
+async fn join_all<F: Future>(futs: impl IntoIterator<Item = F>) -> Vec<F::Output> {
+    use std::task::Poll;
+    let mut futs: Vec<_> = futs.into_iter().map(|f| (Box::pin(f), None)).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (fut, out) in futs.iter_mut().filter(|(_, out)| out.is_none()) {
+            match fut.as_mut().poll(cx) {
+                Poll::Ready(v) => *out = Some(v),
+                Poll::Pending => pending = true,
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
+    .await;
+    futs.into_iter().filter_map(|(_, out)| out).collect()
+}
+
 /// A fred error as a store error, with the kind a caller can act on.
 pub(crate) fn store_error(op: &str, e: Error) -> StoreError {
     let kind = match e.kind() {
-        ErrorKind::IO | ErrorKind::Canceled | ErrorKind::Routing | ErrorKind::Cluster | ErrorKind::Backpressure => {
-            StoreErrorKind::Unavailable
-        }
-        ErrorKind::Sentinel => StoreErrorKind::Unavailable,
+        ErrorKind::IO
+        | ErrorKind::Canceled
+        | ErrorKind::Routing
+        | ErrorKind::Cluster
+        | ErrorKind::Backpressure
+        | ErrorKind::Sentinel => StoreErrorKind::Unavailable,
         ErrorKind::Timeout => StoreErrorKind::Timeout,
         ErrorKind::Protocol | ErrorKind::Parse => StoreErrorKind::Reply,
         ErrorKind::Config | ErrorKind::Url | ErrorKind::Auth => StoreErrorKind::Config,

@@ -23,6 +23,11 @@ pub(crate) static COMMIT: Lazy<Script> = lua!("commit.lua");
 pub(crate) static RELEASE: Lazy<Script> = lua!("release.lua");
 pub(crate) static ISSUE: Lazy<Script> = lua!("issue.lua");
 
+/// Every script, for loading them all at once.
+pub(crate) fn all() -> [&'static Script; 5] {
+    [&ACQUIRE, &RENEW, &COMMIT, &RELEASE, &ISSUE]
+}
+
 /// Runs `script` on `client`: EVALSHA, then EVAL if the server does not know the script.
 /// `args` builds the keys and arguments, a second time only on that fallback (so the common
 /// path copies nothing).

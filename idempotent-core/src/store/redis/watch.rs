@@ -2,33 +2,24 @@
 //! channels (named like the records) that callers in this process wait on, routing each message
 //! to the waiters of its channel.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use fred::clients::SubscriberClient;
 use fred::prelude::*;
-use tokio::sync::{broadcast::error::RecvError, watch, OnceCell};
+use tokio::sync::{broadcast::error::RecvError, OnceCell};
 use tokio::task::JoinHandle;
 
 use crate::error::StoreError;
+use crate::store::channels::Channels;
 use crate::store::Watcher;
 
-type Channels = Arc<Mutex<HashMap<String, Channel>>>;
-
-struct Channel {
-    tx: watch::Sender<u64>,
-    /// Set once the server confirmed the subscription.
-    subscribed: Arc<OnceCell<()>>,
-}
+/// Each channel's state: set once the server confirmed the subscription.
+type Subscribed = Arc<OnceCell<()>>;
 
 pub(crate) struct Subscriptions {
     client: SubscriberClient,
-    channels: Channels,
+    channels: Channels<Subscribed>,
     tasks: Vec<JoinHandle<()>>,
-}
-
-fn lock(channels: &Channels) -> std::sync::MutexGuard<'_, HashMap<String, Channel>> {
-    channels.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Subscriptions {
@@ -36,18 +27,14 @@ impl Subscriptions {
     pub(crate) async fn start(client: SubscriberClient) -> Result<Self, Error> {
         let mut messages = client.message_rx();
         client.init().await?;
-        let channels: Channels = Arc::default();
+        let channels: Channels<Subscribed> = Channels::default();
         let routed = channels.clone();
         let router = tokio::spawn(async move {
             loop {
                 match messages.recv().await {
-                    Ok(message) => {
-                        if let Some(ch) = lock(&routed).get(&*message.channel) {
-                            ch.tx.send_modify(|n| *n += 1);
-                        }
-                    }
+                    Ok(message) => routed.notify(&message.channel),
                     // Messages were missed: wake every waiter; each re-reads its key.
-                    Err(RecvError::Lagged(_)) => lock(&routed).values().for_each(|ch| ch.tx.send_modify(|n| *n += 1)),
+                    Err(RecvError::Lagged(_)) => routed.notify_all(),
                     Err(RecvError::Closed) => break,
                 }
             }
@@ -60,20 +47,19 @@ impl Subscriptions {
         Ok(Subscriptions { client, channels, tasks: vec![router, resubscribe] })
     }
 
-    /// A watcher on `channel`, subscribed before this returns.
+    /// A watcher on `channel`, subscribed before this returns; the last watcher of a channel
+    /// unsubscribes it.
     pub(crate) async fn watch(&self, channel: &str) -> Result<Watcher, StoreError> {
-        let (rx, subscribed) = {
-            let mut channels = lock(&self.channels);
-            let ch = channels
-                .entry(channel.to_owned())
-                .or_insert_with(|| Channel { tx: watch::channel(0).0, subscribed: Arc::default() });
-            (ch.tx.subscribe(), ch.subscribed.clone())
-        };
-        // Made before subscribing, so an error below still drops the entry when unused.
-        let watcher = Watcher::new(rx).with_guard(Unsubscribe {
-            client: self.client.clone(),
-            channels: self.channels.clone(),
-            channel: channel.to_owned(),
+        let (client, channels) = (self.client.clone(), self.channels.clone());
+        let (watcher, subscribed) = self.channels.watch(channel, move |channel| {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move {
+                    // A new watcher may have come for the channel meanwhile; it keeps it.
+                    if !channels.contains(&channel) {
+                        let _ = client.unsubscribe(channel).await;
+                    }
+                });
+            }
         });
         subscribed
             .get_or_try_init(|| async {
@@ -100,33 +86,6 @@ impl Drop for Subscriptions {
             rt.spawn(async move {
                 let _ = client.quit().await;
             });
-        }
-    }
-}
-
-/// Unsubscribes a channel when its last watcher is dropped.
-struct Unsubscribe {
-    client: SubscriberClient,
-    channels: Channels,
-    channel: String,
-}
-
-impl Drop for Unsubscribe {
-    fn drop(&mut self) {
-        let mut channels = lock(&self.channels);
-        // The watcher's receiver is dropped before this guard: no receiver, no watcher.
-        if channels.get(&self.channel).is_some_and(|ch| ch.tx.receiver_count() == 0) {
-            channels.remove(&self.channel);
-            let (client, channels) = (self.client.clone(), self.channels.clone());
-            let channel = std::mem::take(&mut self.channel);
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                rt.spawn(async move {
-                    // A new watcher may have come for the channel meanwhile; it keeps it.
-                    if !lock(&channels).contains_key(&channel) {
-                        let _ = client.unsubscribe(channel).await;
-                    }
-                });
-            }
         }
     }
 }
