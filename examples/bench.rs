@@ -25,7 +25,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idempotent::store::redis::fred::prelude::*;
-use idempotent::{Call, Error, Idempotency, MemoryStore, RedisStore};
+use idempotent::store::{AcquireOutcome, AcquireRequest, CommitRequest, Transition};
+use idempotent::{Call, Error, Idempotency, MemoryStore, Mode, RedisStore, Store};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
@@ -109,6 +110,11 @@ struct Counts {
     commands: u64,
     /// EVAL fallbacks after NOSCRIPT.
     evals: u64,
+    /// Microseconds Redis spent in script calls, and in SET and GET (commandstats `usec`).
+    script_us: u64,
+    plain_us: u64,
+    /// CPU seconds the server used (`INFO cpu`, user plus system).
+    cpu_secs: f64,
 }
 
 impl Counters {
@@ -117,22 +123,35 @@ impl Counters {
         let mut c = Counts::default();
         for line in info.lines() {
             let Some((name, rest)) = line.strip_prefix("cmdstat_").and_then(|l| l.split_once(':')) else { continue };
-            let calls: u64 =
-                rest.split(',').find_map(|f| f.strip_prefix("calls=")).and_then(|n| n.parse().ok()).unwrap_or(0);
+            let field = |f: &str| -> u64 {
+                rest.split(',').find_map(|kv| kv.strip_prefix(f)).and_then(|n| n.parse().ok()).unwrap_or(0)
+            };
+            let (calls, usec) = (field("calls="), field("usec="));
             if name == "info" {
                 continue;
             }
             c.commands += calls;
             match name {
-                "evalsha" => c.scripts += calls,
-                "eval" => {
+                "evalsha" | "eval" => {
                     c.scripts += calls;
-                    c.evals += calls;
+                    c.script_us += usec;
+                    if name == "eval" {
+                        c.evals += calls;
+                    }
                 }
-                "set" | "get" => c.plain += calls,
+                "set" | "get" => {
+                    c.plain += calls;
+                    c.plain_us += usec;
+                }
                 _ => {}
             }
         }
+        let cpu: String = self.client.info(Some(fred::types::InfoKind::Cpu)).await.expect("INFO cpu");
+        c.cpu_secs = cpu
+            .lines()
+            .filter_map(|l| l.strip_prefix("used_cpu_user:").or_else(|| l.strip_prefix("used_cpu_sys:")))
+            .filter_map(|v| v.trim().parse::<f64>().ok())
+            .sum();
         c
     }
 }
@@ -145,6 +164,9 @@ impl std::ops::Sub for Counts {
             plain: self.plain - o.plain,
             commands: self.commands - o.commands,
             evals: self.evals - o.evals,
+            script_us: self.script_us - o.script_us,
+            plain_us: self.plain_us - o.plain_us,
+            cpu_secs: self.cpu_secs - o.cpu_secs,
         }
     }
 }
@@ -159,6 +181,10 @@ struct Row {
     p99_us: f64,
     round_trips_per_op: Option<f64>,
     commands_per_op: Option<f64>,
+    /// Microseconds Redis spent executing one op's top-level commands.
+    server_us_per_op: Option<f64>,
+    /// Share of one core the Redis server used during the case.
+    redis_cpu_pct: Option<f64>,
     baseline: Option<String>,
     ratio: Option<f64>,
     failures: u64,
@@ -224,7 +250,7 @@ impl Bench {
         Fut: Future<Output = bool> + Send,
     {
         let before = match &self.counters {
-            Some(c) if store != "memory" => Some(c.read().await),
+            Some(c) if store == "redis" => Some(c.read().await),
             _ => None,
         };
         let (ok, failed, mut lat, took) = measure(concurrency, self.secs, op).await;
@@ -234,6 +260,7 @@ impl Bench {
         };
         lat.sort_unstable();
         let ops = (ok + failed).max(1) as f64;
+        let naive = case.starts_with("naive");
         self.rows.push(Row {
             case: case.into(),
             store,
@@ -242,8 +269,10 @@ impl Bench {
             p50_us: percentile(&lat, 0.5),
             p99_us: percentile(&lat, 0.99),
             // The naive baseline's round trips are its SETs and GETs; ours are script calls.
-            round_trips_per_op: after.map(|d| if case.starts_with("naive") { d.plain } else { d.scripts } as f64 / ops),
+            round_trips_per_op: after.map(|d| if naive { d.plain } else { d.scripts } as f64 / ops),
             commands_per_op: after.map(|d| d.commands as f64 / ops),
+            server_us_per_op: after.map(|d| if naive { d.plain_us } else { d.script_us } as f64 / ops),
+            redis_cpu_pct: after.map(|d| d.cpu_secs / took.as_secs_f64() * 100.0),
             baseline: None,
             ratio: None,
             failures: failed,
@@ -253,7 +282,7 @@ impl Bench {
 
     fn ratio(&mut self, row: usize, baseline: usize) {
         let r = self.rows[row].ops_per_sec / self.rows[baseline].ops_per_sec;
-        let name = format!("{} ({})", self.rows[baseline].case, self.rows[baseline].store);
+        let name = self.rows[baseline].case.clone();
         self.rows[row].baseline = Some(name);
         self.rows[row].ratio = Some(r);
     }
@@ -301,27 +330,38 @@ fn hold_keys(idem: &Idempotency, prefix: &str, n: u64, release: Arc<AtomicBool>)
 
 fn print_table(rows: &[Row]) {
     println!(
-        "| {:<22} | {:<6} | {:>4} | {:>11} | {:>8} | {:>8} | {:>6} | {:>7} | {:<28} | {:>6} |",
-        "case", "store", "conc", "ops/s", "p50 µs", "p99 µs", "rt/op", "cmds/op", "ratio to", "ratio"
+        "| {:<26} | {:<6} | {:>4} | {:>11} | {:>7} | {:>7} | {:>5} | {:>7} | {:>9} | {:>9} | {:<22} | {:>6} |",
+        "case",
+        "store",
+        "conc",
+        "ops/s",
+        "p50 µs",
+        "p99 µs",
+        "rt/op",
+        "cmds/op",
+        "srv µs/op",
+        "redis cpu",
+        "ratio to",
+        "ratio"
     );
-    println!(
-        "|{:-<24}|{:-<8}|{:-<6}|{:-<13}|{:-<10}|{:-<10}|{:-<8}|{:-<9}|{:-<30}|{:-<8}|",
-        "", "", "", "", "", "", "", "", "", ""
-    );
+    let widths = [28, 8, 6, 13, 9, 9, 7, 9, 11, 11, 24, 8];
+    println!("|{}|", widths.map(|w| "-".repeat(w)).join("|"));
     for r in rows {
-        let opt = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.2}"));
+        let opt = |v: Option<f64>, digits: usize| v.map_or("-".into(), |v| format!("{v:.digits$}"));
         println!(
-            "| {:<22} | {:<6} | {:>4} | {:>11.0} | {:>8.0} | {:>8.0} | {:>6} | {:>7} | {:<28} | {:>6} |",
+            "| {:<26} | {:<6} | {:>4} | {:>11.0} | {:>7.0} | {:>7.0} | {:>5} | {:>7} | {:>9} | {:>9} | {:<22} | {:>6} |",
             r.case,
             r.store,
             r.concurrency,
             r.ops_per_sec,
             r.p50_us,
             r.p99_us,
-            opt(r.round_trips_per_op),
-            opt(r.commands_per_op),
+            opt(r.round_trips_per_op, 2),
+            opt(r.commands_per_op, 2),
+            opt(r.server_us_per_op, 2),
+            r.redis_cpu_pct.map_or("-".into(), |p| format!("{p:.0} %")),
             r.baseline.clone().unwrap_or_else(|| "-".into()),
-            opt(r.ratio),
+            opt(r.ratio, 2),
         );
     }
 }
@@ -659,6 +699,38 @@ async fn run(o: Options) {
             })
             .await;
         bench.ratio(first, naive_first);
+        // The same two transitions through the store alone, without the runtime around them:
+        // what the runtime itself costs.
+        let st = store.clone();
+        let direct = bench
+            .case("first, store alone", "redis", c, move |t, i| {
+                let st = st.clone();
+                async move {
+                    let (key, owner) = (format!("direct:{c}:{t}:{i}"), format!("bench-{t}"));
+                    let acquire = AcquireRequest {
+                        key: &key,
+                        owner: &owner,
+                        lease: Duration::from_secs(30),
+                        fingerprint: None,
+                        mode: Mode::Param,
+                        will_wait: false,
+                        report_ttl: false,
+                    };
+                    let Ok(AcquireOutcome::Acquired { fence }) = st.acquire(acquire).await else { return false };
+                    let result = serde_json::to_vec(&receipt(i)).unwrap();
+                    let commit = CommitRequest {
+                        key: &key,
+                        owner: &owner,
+                        fence,
+                        keep: Duration::from_secs(86_400),
+                        result: Some(&result),
+                        fingerprint: None,
+                    };
+                    matches!(st.commit(commit).await, Ok(Transition::Done))
+                }
+            })
+            .await;
+        bench.ratio(direct, naive_first);
         let cl = client.clone();
         let naive_replay = bench
             .case("naive replay (SET NX+GET)", "redis", c, move |_, i| {
