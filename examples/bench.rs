@@ -110,9 +110,6 @@ struct Counts {
     commands: u64,
     /// EVAL fallbacks after NOSCRIPT.
     evals: u64,
-    /// Microseconds Redis spent in script calls, and in SET and GET (commandstats `usec`).
-    script_us: u64,
-    plain_us: u64,
     /// CPU seconds the server used (`INFO cpu`, user plus system).
     cpu_secs: f64,
 }
@@ -126,7 +123,7 @@ impl Counters {
             let field = |f: &str| -> u64 {
                 rest.split(',').find_map(|kv| kv.strip_prefix(f)).and_then(|n| n.parse().ok()).unwrap_or(0)
             };
-            let (calls, usec) = (field("calls="), field("usec="));
+            let calls = field("calls=");
             if name == "info" {
                 continue;
             }
@@ -134,14 +131,12 @@ impl Counters {
             match name {
                 "evalsha" | "eval" => {
                     c.scripts += calls;
-                    c.script_us += usec;
                     if name == "eval" {
                         c.evals += calls;
                     }
                 }
                 "set" | "get" => {
                     c.plain += calls;
-                    c.plain_us += usec;
                 }
                 _ => {}
             }
@@ -164,8 +159,6 @@ impl std::ops::Sub for Counts {
             plain: self.plain - o.plain,
             commands: self.commands - o.commands,
             evals: self.evals - o.evals,
-            script_us: self.script_us - o.script_us,
-            plain_us: self.plain_us - o.plain_us,
             cpu_secs: self.cpu_secs - o.cpu_secs,
         }
     }
@@ -181,7 +174,8 @@ struct Row {
     p99_us: f64,
     round_trips_per_op: Option<f64>,
     commands_per_op: Option<f64>,
-    /// Microseconds Redis spent executing one op's top-level commands.
+    /// CPU microseconds the Redis server spent per op (user plus system: commands, scripts,
+    /// reading and writing the connection).
     server_us_per_op: Option<f64>,
     /// Share of one core the Redis server used during the case.
     redis_cpu_pct: Option<f64>,
@@ -241,9 +235,18 @@ struct Bench {
     counters: Option<Counters>,
     rows: Vec<Row>,
     secs: Duration,
+    /// Round trips per call of each path, counted exactly beforehand (slow log).
+    exact: Vec<(&'static str, f64, f64)>,
 }
 
 impl Bench {
+    /// The exact round trips of the path a case measures ("first, store alone" is a first
+    /// execution).
+    fn exact_round_trips(&self, case: &str) -> f64 {
+        let path = if case.starts_with("first") { "first execution" } else { case };
+        self.exact.iter().find(|(p, _, _)| *p == path).map_or(f64::NAN, |e| e.1)
+    }
+
     async fn case<F, Fut>(&mut self, case: &str, store: &'static str, concurrency: usize, op: F) -> usize
     where
         F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
@@ -268,10 +271,17 @@ impl Bench {
             ops_per_sec: ops / took.as_secs_f64(),
             p50_us: percentile(&lat, 0.5),
             p99_us: percentile(&lat, 0.99),
-            // The naive baseline's round trips are its SETs and GETs; ours are script calls.
-            round_trips_per_op: after.map(|d| if naive { d.plain } else { d.scripts } as f64 / ops),
+            // The naive baseline's round trips are its SETs and GETs, the floor's its script
+            // calls. Ours mix scripts and plain SETs, and a script's own SETs count in the same
+            // commandstats line, so ours come from the exact count made beforehand.
+            round_trips_per_op: after.map(|d| match case {
+                _ if naive => d.plain as f64 / ops,
+                _ if case.starts_with("fred") => d.scripts as f64 / ops,
+                _ if d.commands == 0 => 0.0,
+                _ => self.exact_round_trips(case),
+            }),
             commands_per_op: after.map(|d| d.commands as f64 / ops),
-            server_us_per_op: after.map(|d| if naive { d.plain_us } else { d.script_us } as f64 / ops),
+            server_us_per_op: after.map(|d| d.cpu_secs * 1e6 / ops),
             redis_cpu_pct: after.map(|d| d.cpu_secs / took.as_secs_f64() * 100.0),
             baseline: None,
             ratio: None,
@@ -330,7 +340,7 @@ fn hold_keys(idem: &Idempotency, prefix: &str, n: u64, release: Arc<AtomicBool>)
 
 fn print_table(rows: &[Row]) {
     println!(
-        "| {:<26} | {:<6} | {:>4} | {:>11} | {:>7} | {:>7} | {:>5} | {:>7} | {:>9} | {:>9} | {:<22} | {:>6} |",
+        "| {:<26} | {:<6} | {:>4} | {:>11} | {:>7} | {:>7} | {:>5} | {:>7} | {:>11} | {:>9} | {:<25} | {:>6} |",
         "case",
         "store",
         "conc",
@@ -339,17 +349,17 @@ fn print_table(rows: &[Row]) {
         "p99 µs",
         "rt/op",
         "cmds/op",
-        "srv µs/op",
+        "redis µs/op",
         "redis cpu",
         "ratio to",
         "ratio"
     );
-    let widths = [28, 8, 6, 13, 9, 9, 7, 9, 11, 11, 24, 8];
+    let widths = [28, 8, 6, 13, 9, 9, 7, 9, 13, 11, 27, 8];
     println!("|{}|", widths.map(|w| "-".repeat(w)).join("|"));
     for r in rows {
         let opt = |v: Option<f64>, digits: usize| v.map_or("-".into(), |v| format!("{v:.digits$}"));
         println!(
-            "| {:<26} | {:<6} | {:>4} | {:>11.0} | {:>7.0} | {:>7.0} | {:>5} | {:>7} | {:>9} | {:>9} | {:<22} | {:>6} |",
+            "| {:<26} | {:<6} | {:>4} | {:>11.0} | {:>7.0} | {:>7.0} | {:>5} | {:>7} | {:>11} | {:>9} | {:<25} | {:>6} |",
             r.case,
             r.store,
             r.concurrency,
@@ -650,7 +660,7 @@ async fn run(o: Options) {
 
     let secs = Duration::from_millis(if o.short { 1000 } else { 3000 });
     let concurrencies: &[usize] = if o.short { &[1, 32] } else { &[1, 32, 256] };
-    let mut bench = Bench { counters: Some(counters), rows: Vec::new(), secs };
+    let mut bench = Bench { counters: Some(counters), rows: Vec::new(), secs, exact: checks.clone() };
     let floor = fred::types::scripts::Script::from_lua("return 1");
     let _ = floor.load(&client).await;
     complete_keys(&redis, "replay:", 1000).await;

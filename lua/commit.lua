@@ -5,11 +5,23 @@
 -- KEYS[1]  the record
 -- ARGV[1]  owner id
 -- ARGV[2]  keep: how long the completed record lives, in milliseconds (0: delete it now)
--- ARGV[3]  '1' when the result is replayable, '0' when it is not (too large, or not encodable)
--- ARGV[4]  the result (ignored unless replayable)
--- ARGV[5]  fingerprint ('' for none)
--- ARGV[6]  fencing token of the acquisition
+-- ARGV[3]  fencing token of the acquisition
+-- ARGV[4]  the exact record the acquisition wrote, when the caller knows it ('' otherwise)
+-- ARGV[5]  the completed record to write (built by the caller: see lib.lua)
 -- Returns {'ok'}, {'lost'} (another owner holds or completed the key), or {'corrupt', reason}
+
+-- Fast path, before the helpers are even defined: the key still holds exactly what this
+-- owner's acquisition wrote (so it is held by this owner and nobody waits on it).
+local current = redis.pcall('GET', KEYS[1])
+if ARGV[4] ~= '' and current == ARGV[4] then
+  if tonumber(ARGV[2]) > 0 then
+    redis.call('SET', KEYS[1], ARGV[5], 'PX', ARGV[2])
+  else
+    redis.call('DEL', KEYS[1])
+  end
+  return { 'ok' }
+end
+-- @lib
 local key, owner, keep = KEYS[1], ARGV[1], tonumber(ARGV[2])
 local rec, why = load(key)
 if rec == false then
@@ -17,7 +29,7 @@ if rec == false then
 end
 if rec ~= nil then
   if rec.s == 'C' then
-    if rec.n == ARGV[6] then
+    if rec.n == ARGV[3] then
       return { 'ok' }
     end
     return { 'lost' }
@@ -28,11 +40,7 @@ if rec ~= nil then
 end
 
 if keep > 0 then
-  local result = ''
-  if ARGV[3] == '1' then
-    result = ARGV[4]
-  end
-  redis.call('SET', key, encode({ s = 'C', n = ARGV[6], f = ARGV[5], r = result }), 'PX', keep)
+  redis.call('SET', key, ARGV[5], 'PX', keep)
 else
   redis.call('DEL', key)
 end

@@ -1,4 +1,5 @@
--- lib.lua: helpers every script starts with (the store prepends this file to each script).
+-- lib.lua: helpers every script uses (the store puts this file at a script's `-- @lib` line, or
+-- before the script when it has none).
 --
 -- A record is one Redis string, fields joined by '|' in this order (empty when not set):
 --
@@ -9,14 +10,16 @@
 --       never acquired)
 --   o   owner id of the attempt holding the key (P only)
 --   f   fingerprint of the payload the key was first used with
---   l   token records while P: when the holder's lease ends (unix ms)
+--   l   token records while P: when the holder's lease ends; C: when the record runs out
+--       (unix ms, Redis's clock: a reader knows how long it may cache a result)
 --   te  token records: when the token expires (unix ms)
 --   w   '1' when a caller waits for the key to change (commit/release then PUBLISH on the
 --       key's name)
 --   r   the stored result, last so it may contain '|' (C only; empty when not replayable: a
 --       JSON result is never empty)
 --
--- So `redis-cli GET <key>` shows a completed record as `C|1764505474123456||||||{"id":7}`.
+-- So `redis-cli GET <key>` shows a completed record as
+-- `C|1764505474123456|||1764591874200|||{"id":7}`.
 -- Parameter-mode records carry their lease (P) or their keep (C) as the key's own expiry.
 -- A string keeps a completed record at its result's size plus a few dozen bytes, where a hash
 -- with a result over 64 bytes would leave the compact encoding and cost hundreds.

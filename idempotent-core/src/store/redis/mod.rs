@@ -1,6 +1,7 @@
-//! `RedisStore`: the production store, on the `fred` client. Each transition is one Lua script
-//! (see `lua/`), each call is bounded by the store's own timeout, and the client reconnects by
-//! itself.
+//! `RedisStore`: the production store, on the `fred` client. Each transition is one command:
+//! a Lua script (see `lua/`), or, for a parameter-mode acquire, a plain `SET NX GET` whose
+//! reply is read here (a script costs Redis several times a plain command). Each call is
+//! bounded by the store's own timeout, and the client reconnects by itself.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -10,13 +11,15 @@ use std::time::Duration;
 
 use fred::clients::Pool;
 use fred::prelude::*;
-use fred::types::CustomCommand;
+use fred::types::{CustomCommand, Expiration, SetOptions};
 use tokio::sync::OnceCell;
 
 use super::{AcquireOutcome, AcquireRequest, BoxFuture, CommitRequest, Lease, Mode, Store, Transition, Watcher};
 use crate::error::{StoreError, StoreErrorKind};
 
+mod clock;
 mod keys;
+mod record;
 mod replies;
 mod scripts;
 mod supervise;
@@ -56,15 +59,20 @@ struct Inner {
     acks: Option<ReplicaAcks>,
     /// Set when the store closes: the supervisors then let the connection tasks end.
     closing: Arc<AtomicBool>,
-    supervisors: Vec<tokio::task::JoinHandle<()>>,
+    /// The connection supervisors and the clock's resync, aborted when the store drops.
+    tasks: Vec<tokio::task::JoinHandle<()>>,
     clustered: bool,
+    clock: Arc<clock::RedisClock>,
+    /// The server takes `SET ... NX GET` (Redis 7.0 and later): parameter-mode acquires need no
+    /// script.
+    plain_acquire: bool,
     subscriptions: OnceCell<watch::Subscriptions>,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
         self.closing.store(true, Ordering::Release);
-        for task in &self.supervisors {
+        for task in &self.tasks {
             task.abort();
         }
         let pool = self.pool.clone();
@@ -171,19 +179,13 @@ impl RedisStore {
     }
 
     async fn acquire_inner(&self, req: AcquireRequest<'_>) -> Result<AcquireOutcome, StoreError> {
-        let args = || {
-            vec![
-                req.owner.into(),
-                millis(req.lease).into(),
-                req.fingerprint.unwrap_or("").into(),
-                if req.mode == Mode::Token { "t" } else { "p" }.into(),
-                if req.will_wait { "1" } else { "0" }.into(),
-                if req.report_ttl { "1" } else { "0" }.into(),
-            ]
+        let found = if req.mode == Mode::Param && !req.will_wait && self.inner.plain_acquire {
+            self.acquire_plain(&req).await
+        } else {
+            self.acquire_script(&req).await
         };
-        match self.script("acquire", &scripts::ACQUIRE, req.key, args).await {
-            Ok(reply) => {
-                let outcome = replies::acquire(reply)?;
+        match found {
+            Ok(outcome) => {
                 if matches!(outcome, AcquireOutcome::Acquired { .. }) {
                     if let Err(e) = self.replicated("acquire", req.key).await {
                         // Not durable enough to act on: give the key back and say so.
@@ -206,6 +208,51 @@ impl RedisStore {
                 Err(e)
             }
         }
+    }
+
+    /// Parameter mode, nobody waiting: `SET key <IN_PROGRESS> NX PX lease GET` takes an absent
+    /// key, and otherwise changes nothing and returns what the key holds (read here as the
+    /// acquire script would report it). A re-sent command finds this owner's own record.
+    async fn acquire_plain(&self, req: &AcquireRequest<'_>) -> Result<AcquireOutcome, StoreError> {
+        let fence = self.inner.clock.fence();
+        let pending = record::pending(fence, req.owner, req.fingerprint);
+        let set = self.client_for(req.key).set::<Value, _, _>(
+            self.record_key(req.key),
+            pending,
+            Some(Expiration::PX(millis(req.lease))),
+            Some(SetOptions::NX),
+            true,
+        );
+        let reply = within("acquire", self.inner.timeout, async {
+            match Box::pin(set).await {
+                // Not a string: the script names what it is.
+                Err(e) if e.details().starts_with("WRONGTYPE") => Ok(None),
+                other => other.map(Some).map_err(|e| store_error("acquire", e)),
+            }
+        })
+        .await?;
+        let now_ms = || self.inner.clock.now_ms();
+        Ok(match reply {
+            None => return self.acquire_script(req).await,
+            Some(Value::Null) => AcquireOutcome::Acquired { fence },
+            Some(Value::String(s)) => record::found(s.as_bytes(), req.owner, now_ms()),
+            Some(Value::Bytes(b)) => record::found(&b, req.owner, now_ms()),
+            Some(other) => return Err(StoreError::reply("acquire", format_args!("unexpected reply {other:?}"))),
+        })
+    }
+
+    async fn acquire_script(&self, req: &AcquireRequest<'_>) -> Result<AcquireOutcome, StoreError> {
+        let args = || {
+            vec![
+                req.owner.into(),
+                millis(req.lease).into(),
+                req.fingerprint.unwrap_or("").into(),
+                if req.mode == Mode::Token { "t" } else { "p" }.into(),
+                if req.will_wait { "1" } else { "0" }.into(),
+                if req.report_ttl { "1" } else { "0" }.into(),
+            ]
+        };
+        replies::acquire(self.script("acquire", &scripts::ACQUIRE, req.key, args).await?)
     }
 
     async fn renew_inner(&self, leases: &[Lease<'_>]) -> Result<Vec<bool>, StoreError> {
@@ -237,15 +284,18 @@ impl RedisStore {
     }
 
     async fn commit_inner(&self, req: CommitRequest<'_>) -> Result<Transition, StoreError> {
-        let result = bytes::Bytes::copy_from_slice(req.result.unwrap_or_default());
+        // What a parameter-mode acquire by this owner wrote: the script's fast path compares it
+        // whole instead of decoding the record.
+        let pending = record::pending(req.fence, req.owner, req.fingerprint);
+        let expires_ms = self.inner.clock.now_ms().saturating_add(millis(req.keep) as u64);
+        let completed = bytes::Bytes::from(record::completed(req.fence, req.fingerprint, expires_ms, req.result));
         let args = || {
             vec![
                 req.owner.into(),
                 millis(req.keep).into(),
-                if req.result.is_some() { "1" } else { "0" }.into(),
-                Value::Bytes(result.clone()),
-                req.fingerprint.unwrap_or("").into(),
                 req.fence.to_string().into(),
+                pending.as_str().into(),
+                Value::Bytes(completed.clone()),
             ]
         };
         let reply = self.script("commit", &scripts::COMMIT, req.key, args).await?;
@@ -363,7 +413,7 @@ impl RedisStoreBuilder {
             });
         let pool = builder.build_pool(self.pool_size).map_err(|e| store_error("configure", e))?;
         let closing = Arc::new(AtomicBool::new(false));
-        let supervisors: Vec<_> =
+        let mut tasks: Vec<_> =
             pool.clients().iter().map(|c| supervise::supervise(c.clone(), closing.clone())).collect();
         let connected = async {
             for client in pool.clients() {
@@ -373,7 +423,7 @@ impl RedisStoreBuilder {
         };
         if let Err(e) = within("connect", self.connect_timeout, connected).await {
             closing.store(true, Ordering::Release);
-            supervisors.iter().for_each(|t| t.abort());
+            tasks.iter().for_each(|t| t.abort());
             let _ = pool.quit().await;
             return Err(e);
         }
@@ -383,6 +433,18 @@ impl RedisStoreBuilder {
         for script in scripts::all() {
             let _ = tokio::time::timeout(self.timeout, script.load(pool.next())).await;
         }
+        let clock = clock::RedisClock::new();
+        if let Err(e) = within("read Redis's clock", self.timeout, async {
+            clock.sync(pool.next()).await.map_err(|e| store_error("read Redis's clock", e))
+        })
+        .await
+        {
+            tracing::warn!(error = %e, "could not read Redis's clock; using this machine's until the next try");
+        }
+        tasks.push(clock.clone().keep_in_sync(pool.next().clone()));
+        let plain_acquire = within("read the server's version", self.timeout, server_version(pool.next()))
+            .await
+            .is_ok_and(|(major, _)| major >= 7);
         Ok(RedisStore {
             inner: Arc::new(Inner {
                 pool,
@@ -391,8 +453,10 @@ impl RedisStoreBuilder {
                 timeout: self.timeout,
                 acks: self.acks,
                 closing,
-                supervisors,
+                tasks,
                 clustered,
+                clock,
+                plain_acquire,
                 subscriptions: OnceCell::new(),
             }),
         })
@@ -406,6 +470,20 @@ async fn within<T>(
     fut: impl Future<Output = Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
     tokio::time::timeout(bound, fut).await.unwrap_or_else(|_| Err(StoreError::timeout(op, bound)))
+}
+
+/// The server's (major, minor) version, from `INFO server`.
+async fn server_version(client: &Client) -> Result<(u32, u32), StoreError> {
+    let info: String = client
+        .info(Some(fred::types::InfoKind::Server))
+        .await
+        .map_err(|e| store_error("read the server's version", e))?;
+    let version = info.lines().find_map(|l| l.strip_prefix("redis_version:")).unwrap_or_default().trim();
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().ok());
+    match (parts.next().flatten(), parts.next().flatten()) {
+        (Some(major), Some(minor)) => Ok((major, minor)),
+        _ => Err(StoreError::reply("read the server's version", format_args!("no redis_version in INFO: {version:?}"))),
+    }
 }
 
 /// Runs `futs` concurrently; their outputs in order.

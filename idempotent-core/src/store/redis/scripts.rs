@@ -1,4 +1,4 @@
-//! The Lua scripts of `lua/`, each prefixed with `lib.lua`, and how they are sent: EVALSHA,
+//! The Lua scripts of `lua/`, each with `lib.lua` put in, and how they are sent: EVALSHA,
 //! falling back to EVAL on NOSCRIPT (a restarted or failed-over server has an empty script
 //! cache; EVAL also caches the script again).
 
@@ -6,14 +6,23 @@ use fred::prelude::*;
 use fred::types::scripts::Script;
 use once_cell::sync::Lazy;
 
+const LIB: &str = include_str!("../../../../lua/lib.lua");
+
+/// The marker line where a script wants the helpers (a fast path before it skips defining
+/// them); without one they go first.
+const LIB_HERE: &str = "-- @lib\n";
+
+/// `script` with `lib.lua` put in.
+fn with_lib(script: &str) -> String {
+    match script.split_once(LIB_HERE) {
+        Some((fast, rest)) => format!("{fast}{LIB}{rest}"),
+        None => format!("{LIB}{script}"),
+    }
+}
+
 macro_rules! lua {
     ($file:literal) => {
-        Lazy::new(|| {
-            Script::from_lua(concat!(
-                include_str!("../../../../lua/lib.lua"),
-                include_str!(concat!("../../../../lua/", $file))
-            ))
-        })
+        Lazy::new(|| Script::from_lua(with_lib(include_str!(concat!("../../../../lua/", $file)))))
     };
 }
 
@@ -46,5 +55,18 @@ pub(crate) async fn run(
             Box::pin(client.eval::<Value, _, _, _>(lua, keys, values)).await
         }
         other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lib_goes_at_the_marker_or_first() {
+        assert_eq!(with_lib("a\n-- @lib\nb\n"), format!("a\n{LIB}b\n"));
+        assert_eq!(with_lib("b\n"), format!("{LIB}b\n"));
+        let commit = COMMIT.lua().unwrap();
+        assert!(commit.find("redis.pcall('GET', KEYS[1])").unwrap() < commit.find("local function load").unwrap());
     }
 }

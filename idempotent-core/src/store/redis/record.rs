@@ -1,0 +1,160 @@
+//! The record format of `lua/lib.lua`, `s|n|o|f|l|te|w|r`, written and read in Rust: for the
+//! paths that need no script (acquire is a plain `SET NX GET`), and for the records a commit
+//! hands its script ready-made.
+
+use std::time::Duration;
+
+use crate::store::AcquireOutcome;
+
+/// The IN_PROGRESS record a parameter-mode acquire writes: `P|fence|owner|fingerprint||||`.
+/// A commit passes it back to its script, which takes the fast path when the key still holds
+/// exactly this string (held by this owner, unwatched).
+pub(crate) fn pending(fence: u64, owner: &str, fingerprint: Option<&str>) -> String {
+    format!("P|{fence}|{owner}|{}||||", fingerprint.unwrap_or(""))
+}
+
+/// The COMPLETED record: `C|fence||fingerprint|expires||||result`, where `expires` is when the
+/// record runs out (unix ms, Redis's clock), so that a reader knows how long it may cache it
+/// without asking Redis. An empty result means not replayable (a JSON result is never empty).
+pub(crate) fn completed(fence: u64, fingerprint: Option<&str>, expires_ms: u64, result: Option<&[u8]>) -> Vec<u8> {
+    let head = format!("C|{fence}||{}|{expires_ms}|||", fingerprint.unwrap_or(""));
+    let mut out = Vec::with_capacity(head.len() + result.map_or(0, <[u8]>::len));
+    out.extend_from_slice(head.as_bytes());
+    out.extend_from_slice(result.unwrap_or_default());
+    out
+}
+
+/// A record's fields, borrowed from its bytes ('' for empty ones).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Record<'a> {
+    pub state: u8,
+    pub fence: u64,
+    pub owner: &'a [u8],
+    pub fingerprint: &'a [u8],
+    /// P token records: when the holder's lease ends; C records: when the record runs out.
+    pub until: &'a [u8],
+    pub token_expiry: &'a [u8],
+    pub result: &'a [u8],
+}
+
+/// The reason given for a string that is not a record, as the scripts word it.
+pub(crate) const NOT_A_RECORD: &str = "holds a string that is not an idempotency record";
+
+/// Reads a record, or says why the bytes are not one (the same test as `load` in lib.lua).
+pub(crate) fn parse(bytes: &[u8]) -> Result<Record<'_>, &'static str> {
+    let mut fields = bytes.splitn(8, |&b| b == b'|');
+    let mut next = || fields.next().ok_or(NOT_A_RECORD);
+    let (state, fence, owner, fingerprint, until, token_expiry, _watched) =
+        (next()?, next()?, next()?, next()?, next()?, next()?, next()?);
+    let result = next()?;
+    let state = match state {
+        [s @ (b'I' | b'P' | b'C')] => *s,
+        _ => return Err(NOT_A_RECORD),
+    };
+    let fence = int(fence).ok_or(NOT_A_RECORD)?;
+    Ok(Record { state, fence, owner, fingerprint, until, token_expiry, result })
+}
+
+fn int(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(digits).ok()?.parse().ok()
+}
+
+fn text(field: &[u8]) -> Option<String> {
+    (!field.is_empty()).then(|| String::from_utf8_lossy(field).into_owned())
+}
+
+/// Milliseconds from `now_ms` until the unix-ms time in `field` (zero when empty or past).
+fn left(field: &[u8], now_ms: u64) -> Duration {
+    Duration::from_millis(int(field).unwrap_or(0).saturating_sub(now_ms))
+}
+
+/// What a parameter-mode acquire that did not take the key found there, as `acquire.lua`
+/// would report it (`now_ms`: Redis's clock).
+pub(crate) fn found(bytes: &[u8], owner: &str, now_ms: u64) -> AcquireOutcome {
+    let rec = match parse(bytes) {
+        Ok(rec) => rec,
+        Err(reason) => return AcquireOutcome::Corrupt { reason: reason.to_owned() },
+    };
+    let issued = || {
+        let reason = if rec.token_expiry.is_empty() {
+            "holds an issued token with no expiry"
+        } else {
+            "holds an issued token, but the call is in parameter mode"
+        };
+        AcquireOutcome::Corrupt { reason: reason.to_owned() }
+    };
+    match rec.state {
+        b'P' if rec.owner == owner.as_bytes() => AcquireOutcome::Acquired { fence: rec.fence },
+        b'C' => AcquireOutcome::Completed {
+            fingerprint: text(rec.fingerprint),
+            result: (!rec.result.is_empty()).then(|| rec.result.to_vec()),
+            kept_for: left(rec.until, now_ms),
+        },
+        // A token whose holder's lease ran out counts as issued again.
+        b'P' if !rec.token_expiry.is_empty() && left(rec.until, now_ms).is_zero() => issued(),
+        b'P' => AcquireOutcome::InProgress { fingerprint: text(rec.fingerprint), lease_left: left(rec.until, now_ms) },
+        _ => issued(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn written_records_read_back() {
+        let p = pending(17, "own", Some("ab12"));
+        assert_eq!(p, "P|17|own|ab12||||");
+        assert_eq!(found(p.as_bytes(), "own", 0), AcquireOutcome::Acquired { fence: 17 });
+        assert_eq!(
+            found(p.as_bytes(), "other", 0),
+            AcquireOutcome::InProgress { fingerprint: Some("ab12".into()), lease_left: Duration::ZERO }
+        );
+        let c = completed(17, None, 5_000, Some(b"{\"a\":\"x|y\"}"));
+        assert_eq!(c, b"C|17|||5000|||{\"a\":\"x|y\"}");
+        assert_eq!(
+            found(&c, "own", 1_000),
+            AcquireOutcome::Completed {
+                fingerprint: None,
+                result: Some(b"{\"a\":\"x|y\"}".to_vec()),
+                kept_for: Duration::from_secs(4)
+            }
+        );
+        let unreplayable = completed(3, Some("f"), 10, None);
+        assert_eq!(
+            found(&unreplayable, "own", 20),
+            AcquireOutcome::Completed { fingerprint: Some("f".into()), result: None, kept_for: Duration::ZERO }
+        );
+    }
+
+    #[test]
+    fn records_written_by_the_scripts_read_the_same() {
+        // As lib.lua's encode writes them: a token in progress, an issued token.
+        let token = b"P|1764505474123456|own|||1000|9000||";
+        assert_eq!(found(token, "own", 0), AcquireOutcome::Acquired { fence: 1764505474123456 });
+        assert_eq!(
+            found(token, "other", 400),
+            AcquireOutcome::InProgress { fingerprint: None, lease_left: Duration::from_millis(600) }
+        );
+        assert!(
+            matches!(found(token, "other", 1000), AcquireOutcome::Corrupt { reason } if reason.contains("parameter mode"))
+        );
+        assert!(
+            matches!(found(b"I|0|||||9000|", "own", 0), AcquireOutcome::Corrupt { reason } if reason.contains("parameter mode"))
+        );
+        assert!(
+            matches!(found(b"I|0|||||||", "own", 0), AcquireOutcome::Corrupt { reason } if reason.contains("no expiry"))
+        );
+    }
+
+    #[test]
+    fn foreign_strings_are_not_records() {
+        for bad in [&b""[..], b"hello", b"C|12", b"X|1||||||", b"C|x||||||r", b"C|||||||r", b"P|-1||||||"] {
+            assert_eq!(parse(bad), Err(NOT_A_RECORD), "{:?}", String::from_utf8_lossy(bad));
+            assert_eq!(found(bad, "own", 0), AcquireOutcome::Corrupt { reason: NOT_A_RECORD.into() });
+        }
+    }
+}
