@@ -177,8 +177,9 @@ struct Row {
     /// CPU microseconds the Redis server spent per op (user plus system: commands, scripts,
     /// reading and writing the connection).
     server_us_per_op: Option<f64>,
-    /// Share of one core the Redis server used during the case.
-    redis_cpu_pct: Option<f64>,
+    /// CPU microseconds this process (the client: runtime, fred, the benchmark's tasks) spent
+    /// per op. With client and Redis on the same two cores, the two together bound the rate.
+    client_us_per_op: f64,
     baseline: Option<String>,
     ratio: Option<f64>,
     failures: u64,
@@ -256,7 +257,9 @@ impl Bench {
             Some(c) if store == "redis" => Some(c.read().await),
             _ => None,
         };
+        let cpu_before = cpu_time();
         let (ok, failed, mut lat, took) = measure(concurrency, self.secs, op).await;
+        let client_cpu = cpu_time() - cpu_before;
         let after = match (&self.counters, before) {
             (Some(c), Some(b)) => Some(c.read().await - b),
             _ => None,
@@ -282,7 +285,7 @@ impl Bench {
             }),
             commands_per_op: after.map(|d| d.commands as f64 / ops),
             server_us_per_op: after.map(|d| d.cpu_secs * 1e6 / ops),
-            redis_cpu_pct: after.map(|d| d.cpu_secs / took.as_secs_f64() * 100.0),
+            client_us_per_op: client_cpu.as_secs_f64() * 1e6 / ops,
             baseline: None,
             ratio: None,
             failures: failed,
@@ -340,7 +343,7 @@ fn hold_keys(idem: &Idempotency, prefix: &str, n: u64, release: Arc<AtomicBool>)
 
 fn print_table(rows: &[Row]) {
     println!(
-        "| {:<26} | {:<6} | {:>4} | {:>11} | {:>7} | {:>7} | {:>5} | {:>7} | {:>11} | {:>9} | {:<25} | {:>6} |",
+        "| {:<26} | {:<6} | {:>4} | {:>11} | {:>7} | {:>7} | {:>5} | {:>7} | {:>11} | {:>12} | {:<25} | {:>6} |",
         "case",
         "store",
         "conc",
@@ -350,16 +353,16 @@ fn print_table(rows: &[Row]) {
         "rt/op",
         "cmds/op",
         "redis µs/op",
-        "redis cpu",
+        "client µs/op",
         "ratio to",
         "ratio"
     );
-    let widths = [28, 8, 6, 13, 9, 9, 7, 9, 13, 11, 27, 8];
+    let widths = [28, 8, 6, 13, 9, 9, 7, 9, 13, 14, 27, 8];
     println!("|{}|", widths.map(|w| "-".repeat(w)).join("|"));
     for r in rows {
         let opt = |v: Option<f64>, digits: usize| v.map_or("-".into(), |v| format!("{v:.digits$}"));
         println!(
-            "| {:<26} | {:<6} | {:>4} | {:>11.0} | {:>7.0} | {:>7.0} | {:>5} | {:>7} | {:>11} | {:>9} | {:<25} | {:>6} |",
+            "| {:<26} | {:<6} | {:>4} | {:>11.0} | {:>7.0} | {:>7.0} | {:>5} | {:>7} | {:>11} | {:>12} | {:<25} | {:>6} |",
             r.case,
             r.store,
             r.concurrency,
@@ -369,7 +372,7 @@ fn print_table(rows: &[Row]) {
             opt(r.round_trips_per_op, 2),
             opt(r.commands_per_op, 2),
             opt(r.server_us_per_op, 2),
-            r.redis_cpu_pct.map_or("-".into(), |p| format!("{p:.0} %")),
+            format!("{:.2}", r.client_us_per_op),
             r.baseline.clone().unwrap_or_else(|| "-".into()),
             opt(r.ratio, 2),
         );

@@ -7,9 +7,18 @@
 
 use crate::hash::fnv1a;
 
-/// The Redis key of the record for `key` under `prefix`.
+/// The Redis key of the record for `key` under `prefix` (built by hand: it is on every call's
+/// path, twice).
 pub(crate) fn record_key(prefix: &str, key: &str) -> String {
-    format!("{prefix}:{{{:08x}}}:{key}", fnv1a(key.as_bytes()))
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let hash = fnv1a(key.as_bytes());
+    let mut out = String::with_capacity(prefix.len() + key.len() + 12);
+    out.push_str(prefix);
+    out.push_str(":{");
+    out.extend((0..8).rev().map(|nibble| char::from(HEX[(hash >> (nibble * 4)) as usize & 0xf])));
+    out.push_str("}:");
+    out.push_str(key);
+    out
 }
 
 /// Why `prefix` cannot be a key prefix, if it cannot.
@@ -35,6 +44,7 @@ mod tests {
         assert_eq!(tag.len(), 8);
         assert!(tag.bytes().all(|c| c.is_ascii_hexdigit()));
         assert!(k.ends_with(":pay:{user}:}{"));
+        assert_eq!(record_key("p", "k"), format!("p:{{{:08x}}}:k", fnv1a(b"k")));
     }
 
     #[test]

@@ -216,15 +216,17 @@ impl RedisStore {
     async fn acquire_plain(&self, req: &AcquireRequest<'_>) -> Result<AcquireOutcome, StoreError> {
         let fence = self.inner.clock.fence();
         let pending = record::pending(fence, req.owner, req.fingerprint);
-        let set = self.client_for(req.key).set::<Value, _, _>(
+        // Boxed at once: fred's command futures are about 5 KB, and every layer holding one
+        // inline would copy it.
+        let set = Box::pin(self.client_for(req.key).set::<Value, _, _>(
             self.record_key(req.key),
             pending,
             Some(Expiration::PX(millis(req.lease))),
             Some(SetOptions::NX),
             true,
-        );
+        ));
         let reply = within("acquire", self.inner.timeout, async {
-            match Box::pin(set).await {
+            match set.await {
                 // Not a string: the script names what it is.
                 Err(e) if e.details().starts_with("WRONGTYPE") => Ok(None),
                 other => other.map(Some).map_err(|e| store_error("acquire", e)),
@@ -293,7 +295,7 @@ impl RedisStore {
             vec![
                 req.owner.into(),
                 millis(req.keep).into(),
-                req.fence.to_string().into(),
+                itoa::Buffer::new().format(req.fence).into(),
                 pending.as_str().into(),
                 Value::Bytes(completed.clone()),
             ]
@@ -314,7 +316,8 @@ impl RedisStore {
         let slot = fred::util::redis_keyslot(self.record_key(key).as_bytes());
         let wait = CustomCommand::new_static("WAIT", fred::types::ClusterHash::Custom(slot), false);
         let args = vec![acks.replicas.to_string(), millis(acks.timeout).to_string()];
-        let command = async { self.client_for(key).custom(wait, args).await.map_err(|e| store_error(op, e)) };
+        let wait = Box::pin(self.client_for(key).custom(wait, args));
+        let command = async { wait.await.map_err(|e| store_error(op, e)) };
         let got: i64 = within(op, acks.timeout + self.inner.timeout, command).await?;
         if got < i64::from(acks.replicas) {
             return Err(StoreError::new(

@@ -10,18 +10,26 @@ use crate::store::AcquireOutcome;
 /// A commit passes it back to its script, which takes the fast path when the key still holds
 /// exactly this string (held by this owner, unwatched).
 pub(crate) fn pending(fence: u64, owner: &str, fingerprint: Option<&str>) -> String {
-    format!("P|{fence}|{owner}|{}||||", fingerprint.unwrap_or(""))
+    let mut digits = itoa::Buffer::new();
+    ["P|", digits.format(fence), "|", owner, "|", fingerprint.unwrap_or(""), "||||"].concat()
 }
 
 /// The COMPLETED record: `C|fence||fingerprint|expires||||result`, where `expires` is when the
 /// record runs out (unix ms, Redis's clock), so that a reader knows how long it may cache it
 /// without asking Redis. An empty result means not replayable (a JSON result is never empty).
 pub(crate) fn completed(fence: u64, fingerprint: Option<&str>, expires_ms: u64, result: Option<&[u8]>) -> Vec<u8> {
-    let head = format!("C|{fence}||{}|{expires_ms}|||", fingerprint.unwrap_or(""));
-    let mut out = Vec::with_capacity(head.len() + result.map_or(0, <[u8]>::len));
-    out.extend_from_slice(head.as_bytes());
-    out.extend_from_slice(result.unwrap_or_default());
-    out
+    let (mut fence_digits, mut expires_digits) = (itoa::Buffer::new(), itoa::Buffer::new());
+    [
+        b"C|",
+        fence_digits.format(fence).as_bytes(),
+        b"||",
+        fingerprint.unwrap_or("").as_bytes(),
+        b"|",
+        expires_digits.format(expires_ms).as_bytes(),
+        b"|||",
+        result.unwrap_or_default(),
+    ]
+    .concat()
 }
 
 /// A record's fields, borrowed from its bytes ('' for empty ones).
@@ -133,7 +141,7 @@ mod tests {
     #[test]
     fn records_written_by_the_scripts_read_the_same() {
         // As lib.lua's encode writes them: a token in progress, an issued token.
-        let token = b"P|1764505474123456|own|||1000|9000||";
+        let token = b"P|1764505474123456|own||1000|9000||";
         assert_eq!(found(token, "own", 0), AcquireOutcome::Acquired { fence: 1764505474123456 });
         assert_eq!(
             found(token, "other", 400),
@@ -143,10 +151,10 @@ mod tests {
             matches!(found(token, "other", 1000), AcquireOutcome::Corrupt { reason } if reason.contains("parameter mode"))
         );
         assert!(
-            matches!(found(b"I|0|||||9000|", "own", 0), AcquireOutcome::Corrupt { reason } if reason.contains("parameter mode"))
+            matches!(found(b"I|0||||9000||", "own", 0), AcquireOutcome::Corrupt { reason } if reason.contains("parameter mode"))
         );
         assert!(
-            matches!(found(b"I|0|||||||", "own", 0), AcquireOutcome::Corrupt { reason } if reason.contains("no expiry"))
+            matches!(found(b"I|0||||||", "own", 0), AcquireOutcome::Corrupt { reason } if reason.contains("no expiry"))
         );
     }
 
