@@ -1,6 +1,6 @@
 //! `RedisStore` through a fault-injecting TCP proxy: 200 ms added to every command, connections
 //! cut in the middle of an acquire, a commit or a release (the client re-sends the command, so
-//! the scripts' retry-safety is what keeps a caller from conflicting with itself), connections
+//! the transitions' retry-safety is what keeps a caller from conflicting with itself), connections
 //! dropped under a renewed lease, and a black-holed holder that must learn its lease is lost
 //! before anyone else acquires the key, with a fencing "bank" downstream.
 
@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use idempotent::{Call, CallContext, Error, Idempotency, OnConflict, RedisStore};
 use support::proxy::{CutAt, Direction, Proxy};
-use support::{ms, AppError, RedisServer, R};
+use support::{ms, AppError, Monitor, RedisServer, R};
 use tokio::time::Instant;
 
 async fn store(url: &str, timeout: Duration) -> RedisStore {
@@ -22,16 +22,6 @@ async fn store(url: &str, timeout: Duration) -> RedisStore {
 
 fn counter() -> Arc<AtomicUsize> {
     Arc::new(AtomicUsize::new(0))
-}
-
-/// How many scripts (EVALSHA and EVAL) the server has run.
-fn scripts_run(server: &RedisServer) -> u64 {
-    let stats = server.command(&["INFO", "commandstats"]).unwrap();
-    stats
-        .lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| l.split([':', ',']).find_map(|f| f.strip_prefix("calls="))?.parse::<u64>().ok())
-        .sum()
 }
 
 /// 100 ms each way on every command: calls stay correct (one execution, replays, conflicts, a
@@ -137,7 +127,8 @@ async fn latency_of_200ms_on_every_command() {
 
 /// The connection is cut once in the middle of one command or of its reply, then the call
 /// goes on: fred reconnects and re-sends the command. Returns the call's result, how many
-/// times the body ran, and how many scripts the server ran for the call.
+/// times the body ran, and how many commands about the key the server ran for the call (each a
+/// transition: a script, or the plain SET of an acquire).
 async fn cut_once(
     server: &RedisServer,
     proxy: &Proxy,
@@ -150,7 +141,7 @@ async fn cut_once(
     let record = store.record_key(key).into_bytes();
     let runs = counter();
     let cuts = proxy.stats().cuts;
-    let scripts = scripts_run(server);
+    let monitor = Monitor::start(server.port());
     if during == "acquire" {
         proxy.cut_on(&record, at);
     }
@@ -169,7 +160,7 @@ async fn cut_once(
     };
     let got = idem.run(Call::new(key).ttl(Duration::from_secs(30)), body).await;
     assert_eq!(proxy.stats().cuts, cuts + 1, "{during}/{at:?}: the cut did not fire");
-    (got, runs.load(SeqCst), scripts_run(server) - scripts)
+    (got, runs.load(SeqCst), monitor.client_commands_on(&store.record_key(key)) as u64)
 }
 
 /// Cut mid-acquire and mid-commit (and mid-release), before Redis got the command and after it
@@ -182,14 +173,14 @@ async fn connections_cut_mid_acquire_commit_and_release() {
     let proxy = Proxy::start(server.port());
     let direct = Idempotency::new(store(&server.url(), Duration::from_secs(2)).await);
     // Load every script into the server's cache, so that each call below costs no NOSCRIPT
-    // round trip and the scripts counted are exactly the call's.
+    // round trip and the commands counted are exactly the call's.
     direct.run(Call::new("warm:commit"), || async { R::Ok(()) }).await.unwrap();
     let _ = direct.run(Call::new("warm:release"), || async { R::<()>::Err(AppError::Failed("warm-up")) }).await;
     let mut lines = Vec::new();
     for during in ["acquire", "commit", "release"] {
         for at in [CutAt::Request, CutAt::Reply] {
             let key = format!("cut:{during}:{at:?}");
-            let (got, runs, scripts) = cut_once(&server, &proxy, &key, during, at).await;
+            let (got, runs, commands) = cut_once(&server, &proxy, &key, during, at).await;
             assert_eq!(runs, 1, "{key}: the body ran {runs} times");
             match (during, got) {
                 ("release", Err(AppError::Failed("declined"))) => {
@@ -209,8 +200,8 @@ async fn connections_cut_mid_acquire_commit_and_release() {
             // Acquire plus commit or release; one more when Redis ran the cut command before
             // the connection dropped (its reply was lost and fred re-sent it).
             let expected = if at == CutAt::Reply { 3 } else { 2 };
-            assert_eq!(scripts, expected, "{key}: scripts run on the server");
-            lines.push(format!("{during} cut at the {at:?}: ok, body ran once, {scripts} scripts run"));
+            assert_eq!(commands, expected, "{key}: commands run on the server");
+            lines.push(format!("{during} cut at the {at:?}: ok, body ran once, {commands} commands run"));
         }
     }
     println!("{}", lines.join("\n"));

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 
-use idempotent::{Call, Error, Idempotency, RedisStore, StoreErrorKind};
+use idempotent::{Call, CallContext, Error, Idempotency, RedisStore, StoreErrorKind};
 use support::{eventually, ms, AppError, RedisServer, R};
 use tokio::time::Instant;
 
@@ -23,7 +23,7 @@ const CRASH_KEY: &str = "crash-me";
 const CRASH_LEASE: Duration = Duration::from_millis(1500);
 
 /// Not a test: the child process of `crashed_holder_frees_the_key_after_its_lease_not_before`.
-/// It takes the key, says so, and hangs in the body until it is killed.
+/// It takes the key, says so with its fencing token, and hangs in the body until it is killed.
 #[test]
 #[ignore = "child process of another test"]
 fn crash_child() {
@@ -33,7 +33,7 @@ fn crash_child() {
         let idem = Idempotency::new(RedisStore::connect(&url).await.unwrap());
         let _ = idem
             .run(Call::new(CRASH_KEY).ttl(CRASH_LEASE), || async {
-                println!("ACQUIRED");
+                println!("ACQUIRED {}", CallContext::current().unwrap().fence());
                 tokio::time::sleep(Duration::from_secs(3600)).await;
                 R::Ok(())
             })
@@ -52,7 +52,9 @@ async fn crashed_holder_frees_the_key_after_its_lease_not_before() {
         .spawn()
         .expect("spawn the child");
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    assert!(lines.any(|l| l.map(|l| l.contains("ACQUIRED")).unwrap_or(false)), "the child never acquired the key");
+    let child_fence: u64 = lines
+        .find_map(|l| l.ok()?.split_once("ACQUIRED ")?.1.trim().parse().ok())
+        .expect("the child never acquired the key");
     // Let the child's watchdog renew a few times: the lease now counts from its last renewal.
     tokio::time::sleep(ms(1200)).await;
     child.kill().unwrap(); // SIGKILL: nothing is released
@@ -61,10 +63,12 @@ async fn crashed_holder_frees_the_key_after_its_lease_not_before() {
 
     let idem = Idempotency::new(store(&server, Duration::from_secs(2)).await);
     let runs = Arc::new(AtomicUsize::new(0));
+    let fence = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let attempt = || {
-        let runs = runs.clone();
+        let (runs, fence) = (runs.clone(), fence.clone());
         idem.run(Call::new(CRASH_KEY).ttl(CRASH_LEASE), || async move {
             runs.fetch_add(1, SeqCst);
+            fence.store(CallContext::current().unwrap().fence(), SeqCst);
             R::Ok(())
         })
     };
@@ -84,7 +88,14 @@ async fn crashed_holder_frees_the_key_after_its_lease_not_before() {
     .await;
     assert_eq!(runs.load(SeqCst), 1);
     assert!(freed <= CRASH_LEASE + ms(500), "the key stayed held {freed:?} after the crash, past its lease");
-    println!("crashed holder: key acquirable {freed:?} after SIGKILL (lease {CRASH_LEASE:?})");
+    // Two processes, each stamping tokens from its own estimate of Redis's clock: the taker's is
+    // still the larger, by about the time between the two acquisitions.
+    let fence = fence.load(SeqCst);
+    assert!(fence > child_fence, "fencing token went back: the crashed holder had {child_fence}, the next {fence}");
+    println!(
+        "crashed holder: key acquirable {freed:?} after SIGKILL (lease {CRASH_LEASE:?}); fence {child_fence} -> {fence} (+{} ms)",
+        (fence - child_fence) / 1000
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

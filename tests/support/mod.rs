@@ -294,6 +294,41 @@ impl RedisServer {
     }
 }
 
+/// Watches a server with `MONITOR`: every command it runs, one line each, as Redis prints them
+/// (`+1764… [0 127.0.0.1:5000] "SET" "key" …`; a command run by a script shows `[0 lua]`).
+pub struct Monitor {
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl Monitor {
+    /// Starts watching the server on `port`; commands from now on are seen.
+    pub fn start(port: u16) -> Monitor {
+        let stream = TcpStream::connect(("127.0.0.1", port)).expect("connect for MONITOR");
+        let mut reader = BufReader::new(stream);
+        reader.get_mut().write_all(b"*1\r\n$7\r\nMONITOR\r\n").expect("send MONITOR");
+        let mut ok = String::new();
+        reader.read_line(&mut ok).expect("MONITOR reply");
+        assert!(ok.starts_with("+OK"), "MONITOR replied {ok:?}");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        std::thread::spawn(move || {
+            for line in reader.lines() {
+                let Ok(line) = line else { return };
+                sink.lock().unwrap().push(line);
+            }
+        });
+        Monitor { lines }
+    }
+
+    /// How many commands naming `key` clients have sent so far (not those scripts ran), after a
+    /// short pause for the last lines to arrive.
+    pub fn client_commands_on(&self, key: &str) -> usize {
+        std::thread::sleep(Duration::from_millis(100));
+        let quoted = format!("\"{key}\"");
+        self.lines.lock().unwrap().iter().filter(|l| l.contains(&quoted) && !l.contains(" lua]")).count()
+    }
+}
+
 /// Sends one command to the server on `port` over a fresh connection (see
 /// [`RedisServer::command`]).
 pub fn command_at(port: u16, args: &[&str]) -> Result<String, String> {
