@@ -167,6 +167,18 @@ impl Call {
         }
     }
 
+    /// Checks the call like [`validate`](Self::validate) and takes the full key out of it: moved,
+    /// not copied, when it is the key alone. The call keeps its policies.
+    pub(crate) fn take_key(&mut self, lease: Duration) -> Result<(String, Option<String>), Error> {
+        if self.scope.is_some() || self.mode == Mode::Token {
+            let key = self.full_key();
+            let fingerprint = self.validate(&key, lease)?;
+            return Ok((key, fingerprint));
+        }
+        let fingerprint = self.validate(&self.key, lease)?;
+        Ok((std::mem::take(&mut self.key), fingerprint))
+    }
+
     /// Checks the key's size and computes the fingerprint.
     pub(crate) fn validate(&self, full_key: &str, lease: Duration) -> Result<Option<String>, Error> {
         if self.key.is_empty() {

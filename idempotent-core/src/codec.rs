@@ -22,7 +22,13 @@ pub(crate) fn encode<T: Serialize>(value: &T, max_bytes: usize) -> Encoded {
 }
 
 pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
-    serde_json::from_slice(bytes).map_err(|e| {
+    // Checking the UTF-8 once, up front, spares serde_json checking it string by string; bytes
+    // that are not UTF-8 go the slow way, for serde_json's own error.
+    let decoded = match std::str::from_utf8(bytes) {
+        Ok(text) => serde_json::from_str(text),
+        Err(_) => serde_json::from_slice(bytes),
+    };
+    decoded.map_err(|e| {
         format!(
             "the stored result does not decode as {}: {e} (did the result type change?)",
             std::any::type_name::<T>()

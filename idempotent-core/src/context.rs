@@ -3,6 +3,8 @@
 
 use std::sync::{Arc, OnceLock};
 
+use crate::ids::OwnerId;
+
 tokio::task_local! {
     static CURRENT: CallContext;
 }
@@ -32,6 +34,8 @@ pub struct CallContext {
 #[derive(Debug)]
 struct Inner {
     key: String,
+    /// The attempt holding the key.
+    owner: OwnerId,
     fence: u64,
     /// What showed the lease lost, once it is.
     lost: OnceLock<&'static str>,
@@ -40,9 +44,9 @@ struct Inner {
 }
 
 impl CallContext {
-    pub(crate) fn new(key: String, fence: u64) -> Self {
+    pub(crate) fn new(key: String, owner: OwnerId, fence: u64) -> Self {
         CallContext {
-            inner: Arc::new(Inner { key, fence, lost: OnceLock::new(), on_lost: tokio::sync::Notify::new() }),
+            inner: Arc::new(Inner { key, owner, fence, lost: OnceLock::new(), on_lost: tokio::sync::Notify::new() }),
         }
     }
 
@@ -55,6 +59,11 @@ impl CallContext {
     /// The full key of the call.
     pub fn key(&self) -> &str {
         &self.inner.key
+    }
+
+    /// The owner id of the attempt holding the key.
+    pub(crate) fn owner(&self) -> &str {
+        self.inner.owner.as_str()
     }
 
     /// The fencing token of this acquisition: larger than that of every earlier holder of the

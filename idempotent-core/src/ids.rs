@@ -7,8 +7,8 @@ use once_cell::sync::Lazy;
 const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
 
 /// 128 bits as 22 URL-safe characters.
-fn encode(bits: u128) -> String {
-    (0..22).map(|i| ALPHABET[((bits >> (i * 6)) & 63) as usize] as char).collect()
+fn encode(bits: u128) -> [u8; 22] {
+    std::array::from_fn(|i| ALPHABET[((bits >> (i * 6)) & 63) as usize])
 }
 
 fn random_u128() -> Result<u128, getrandom::Error> {
@@ -29,16 +29,32 @@ static PROCESS: Lazy<u64> = Lazy::new(|| match random_u128() {
 });
 static COUNTER: AtomicU64 = AtomicU64::new(0);
 
+/// An owner id: 22 URL-safe characters, kept inline (no allocation per call).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) struct OwnerId([u8; 22]);
+
+impl OwnerId {
+    pub(crate) fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.0).expect("owner ids are ASCII")
+    }
+}
+
+impl std::fmt::Debug for OwnerId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
 /// A new owner id: unique across processes and attempts (a process-random half and a counter),
 /// cheap enough for every call. Owner ids need uniqueness, not secrecy.
-pub(crate) fn owner_id() -> String {
+pub(crate) fn owner_id() -> OwnerId {
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    encode((u128::from(*PROCESS) << 64) | u128::from(n))
+    OwnerId(encode((u128::from(*PROCESS) << 64) | u128::from(n)))
 }
 
 /// A new token: 128 bits from the operating system's random source, so it cannot be guessed.
 pub(crate) fn token() -> Result<String, getrandom::Error> {
-    random_u128().map(encode)
+    random_u128().map(|bits| encode(bits).iter().map(|&b| char::from(b)).collect())
 }
 
 #[cfg(test)]
@@ -48,7 +64,7 @@ mod tests {
 
     #[test]
     fn owner_ids_are_unique() {
-        let ids: HashSet<String> = (0..10_000).map(|_| owner_id()).collect();
+        let ids: HashSet<String> = (0..10_000).map(|_| owner_id().as_str().to_owned()).collect();
         assert_eq!(ids.len(), 10_000);
     }
 

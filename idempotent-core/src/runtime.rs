@@ -207,29 +207,30 @@ impl Idempotency {
     /// acknowledgements and did not get them fails the call with [`Error::Store`] (kind
     /// `Replication`); the record stays on the primary, so a retry replays it unless a failover
     /// lost it.
-    pub async fn run<T, E, F, Fut>(&self, call: Call, body: F) -> Result<T, E>
+    pub async fn run<T, E, F, Fut>(&self, mut call: Call, body: F) -> Result<T, E>
     where
         T: Serialize + DeserializeOwned,
         E: From<Error>,
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let key = call.full_key();
         let lease = call.ttl.unwrap_or(self.inner.ttl);
-        let fingerprint = call.validate(&key, lease)?;
+        let (key, fingerprint) = call.take_key(lease)?;
         if let Some(hit) = self.inner.cache.as_ref().and_then(|c| c.get(&key)) {
             check_fingerprint(&key, hit.fingerprint.as_deref(), fingerprint.as_deref())?;
             return replay(&key, call.on_duplicate, Some(&hit.result)).map_err(E::from);
         }
         let owner = ids::owner_id();
         let store = &*self.inner.store;
-        let started = Instant::now();
+        // When the first acquire was sent: the wait's patience counts from there.
+        let mut started: Option<Instant> = None;
         let mut watcher: Option<Watcher> = None;
         loop {
             let sent = Instant::now();
+            let started = *started.get_or_insert(sent);
             let request = AcquireRequest {
                 key: &key,
-                owner: &owner,
+                owner: owner.as_str(),
                 lease,
                 fingerprint: fingerprint.as_deref(),
                 mode: call.mode,
@@ -281,7 +282,7 @@ impl Idempotency {
                 AcquireOutcome::Corrupt { reason } => return Err(Error::Corrupt { key, reason }.into()),
             };
             drop(watcher);
-            let held = Held { key, owner, fence: held, lease, sent, fingerprint };
+            let held = Held { context: CallContext::new(key, owner, held), lease, sent, fingerprint };
             return self.execute(&call, held, body).await;
         }
     }
@@ -294,8 +295,8 @@ impl Idempotency {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let mut guard = ReleaseOnDrop { store: Some(self.inner.store.clone()), key: &held.key, owner: &held.owner };
-        let context = CallContext::new(held.key.clone(), held.fence);
+        let context = &held.context;
+        let mut guard = ReleaseOnDrop { store: Some(&self.inner.store), context };
         let fut = match catch_unwind(AssertUnwindSafe(body)) {
             Ok(fut) => fut,
             Err(panic) => {
@@ -313,8 +314,7 @@ impl Idempotency {
             })
             .await
         };
-        let registration =
-            self.inner.watchdog.register(&held.key, &held.owner, held.lease, call.renew, held.sent, context.clone());
+        let registration = self.inner.watchdog.register(held.lease, call.renew, held.sent, context.clone());
         let driven = if call.abort_on_lease_lost {
             tokio::select! {
                 biased;
@@ -330,7 +330,7 @@ impl Idempotency {
                 // Released in the background: the store may be what failed, and the caller
                 // should hear of the loss now, not after the store's timeout.
                 drop(guard);
-                Err(Error::LeaseLost { key: held.key.clone(), reason: reason.to_owned() }.into())
+                Err(Error::LeaseLost { key: context.key().to_owned(), reason: reason.to_owned() }.into())
             }
             Driven::Finished(Err(panic)) => {
                 guard.release().await;
@@ -345,7 +345,7 @@ impl Idempotency {
                 guard.store = None;
                 match self.commit(call, &held, &value).await {
                     Ok(()) => Ok(value),
-                    Err(source) => Err(Error::Store { key: held.key.clone(), source }.into()),
+                    Err(source) => Err(Error::Store { key: context.key().to_owned(), source }.into()),
                 }
             }
         }
@@ -354,27 +354,29 @@ impl Idempotency {
     /// Stores the result; on failure logs it (the body ran, so its value is returned anyway),
     /// except when the store says too few replicas have it: that is the caller's to know.
     async fn commit<T: Serialize>(&self, call: &Call, held: &Held, value: &T) -> Result<(), StoreError> {
+        let key = held.context.key();
         let encoded = codec::encode(value, self.inner.max_result_bytes);
         let result = match &encoded {
             Encoded::Replayable(bytes) => Some(bytes.as_slice()),
             Encoded::NotReplayable(why) => {
-                tracing::warn!(key = %held.key, why = %why, "idempotency result stored as not replayable");
+                tracing::warn!(key = %key, why = %why, "idempotency result stored as not replayable");
                 None
             }
         };
         let keep = call.keep.unwrap_or(self.inner.keep);
         let request = CommitRequest {
-            key: &held.key,
-            owner: &held.owner,
-            fence: held.fence,
+            key,
+            owner: held.context.owner(),
+            fence: held.context.fence(),
             keep,
             result,
             fingerprint: held.fingerprint.as_deref(),
         };
         // Commit is safe to repeat (and records the result even if the key is gone), so a
         // failed attempt is retried until the lease would have run out: a failover or a
-        // reconnection shorter than that loses nothing. At least three attempts.
-        let until = Instant::now().max(held.sent + held.lease);
+        // reconnection shorter than that loses nothing. At least three attempts. (The deadline is
+        // read from the clock at the first failure only: most commits need no clock.)
+        let mut until: Option<Instant> = None;
         let mut backoff = Duration::from_millis(25);
         let mut attempt = 0u32;
         loop {
@@ -382,27 +384,29 @@ impl Idempotency {
             match self.inner.store.commit(request).await {
                 Ok(Transition::Done) => {
                     if let (Some(cache), Some(bytes)) = (&self.inner.cache, result) {
-                        cache.put(&held.key, held.fingerprint.as_deref(), bytes, keep);
+                        cache.put(key, held.fingerprint.as_deref(), bytes, keep);
                     }
                     return Ok(());
                 }
                 Err(e) if e.kind() == StoreErrorKind::Replication => return Err(e),
                 Ok(Transition::Lost) => {
-                    tracing::warn!(key = %held.key, "idempotency result not stored: another owner holds the key");
+                    tracing::warn!(key = %key, "idempotency result not stored: another owner holds the key");
                     return Ok(());
                 }
                 Ok(Transition::Corrupt { reason }) => {
-                    tracing::warn!(key = %held.key, reason = %reason, "idempotency result not stored: the key is corrupt");
+                    tracing::warn!(key = %key, reason = %reason, "idempotency result not stored: the key is corrupt");
                     return Ok(());
-                }
-                Err(e) if attempt < 3 || Instant::now() + backoff < until => {
-                    tracing::warn!(key = %held.key, error = %e, attempt, "idempotency commit failed; retrying");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(1));
                 }
                 Err(e) => {
-                    tracing::warn!(key = %held.key, error = %e, attempt, "idempotency result not stored: the store failed");
-                    return Ok(());
+                    let now = Instant::now();
+                    let until = *until.get_or_insert_with(|| now.max(held.sent + held.lease));
+                    if attempt >= 3 && now + backoff >= until {
+                        tracing::warn!(key = %key, error = %e, attempt, "idempotency result not stored: the store failed");
+                        return Ok(());
+                    }
+                    tracing::warn!(key = %key, error = %e, attempt, "idempotency commit failed; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
                 }
             }
         }
@@ -418,9 +422,8 @@ enum Driven<T> {
 
 /// A key this call holds.
 struct Held {
-    key: String,
-    owner: String,
-    fence: u64,
+    /// The key, owner and fence, as the body sees them.
+    context: CallContext,
     lease: Duration,
     /// When the acquire that took the key was sent.
     sent: Instant,
@@ -430,15 +433,15 @@ struct Held {
 /// Releases the key unless disarmed (`store` taken); if dropped armed, which is a cancelled
 /// call, releases it from a background task.
 struct ReleaseOnDrop<'a> {
-    store: Option<Arc<dyn Store>>,
-    key: &'a str,
-    owner: &'a str,
+    store: Option<&'a Arc<dyn Store>>,
+    context: &'a CallContext,
 }
 
 impl ReleaseOnDrop<'_> {
     async fn release(&mut self) {
         if let Some(store) = self.store.take() {
-            log_release(self.key, store.release(self.key, self.owner).await);
+            let key = self.context.key();
+            log_release(key, store.release(key, self.context.owner()).await);
         }
     }
 }
@@ -446,9 +449,10 @@ impl ReleaseOnDrop<'_> {
 impl Drop for ReleaseOnDrop<'_> {
     fn drop(&mut self) {
         let Some(store) = self.store.take() else { return };
-        let (key, owner) = (self.key.to_owned(), self.owner.to_owned());
+        let (key, owner) = (self.context.key().to_owned(), self.context.owner().to_owned());
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
+                let store = store.clone();
                 rt.spawn(async move {
                     let outcome = store.release(&key, &owner).await;
                     log_release(&key, outcome);

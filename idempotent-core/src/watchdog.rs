@@ -64,8 +64,6 @@ struct Registry {
 }
 
 struct Entry {
-    key: String,
-    owner: String,
     lease: Duration,
     renew: bool,
     /// When the last confirmed renewal (or the acquire) was sent.
@@ -95,7 +93,7 @@ impl Entry {
 
     fn mark_lost(&mut self, reason: &'static str) {
         self.lost = true;
-        tracing::warn!(key = %self.key, reason, "idempotency lease lost while the body runs");
+        tracing::warn!(key = %self.context.key(), reason, "idempotency lease lost while the body runs");
         self.context.mark_lost(reason);
     }
 }
@@ -190,20 +188,11 @@ impl Watchdog {
         Watchdog { shared: Arc::new(Shared { store, registry: Mutex::default(), wake: Notify::new() }) }
     }
 
-    /// Registers a lease acquired by a request sent at `sent`; it is kept (renewed, if `renew`)
-    /// until the registration is dropped, and `context` is marked when it is lost.
-    pub(crate) fn register(
-        &self,
-        key: &str,
-        owner: &str,
-        lease: Duration,
-        renew: bool,
-        sent: Instant,
-        context: CallContext,
-    ) -> Registration {
+    /// Registers the lease of `context`'s key and owner, acquired by a request sent at `sent`;
+    /// it is kept (renewed, if `renew`) until the registration is dropped, and `context` is
+    /// marked when it is lost.
+    pub(crate) fn register(&self, lease: Duration, renew: bool, sent: Instant, context: CallContext) -> Registration {
         let entry = Entry {
-            key: key.to_owned(),
-            owner: owner.to_owned(),
             lease,
             renew,
             last_sent: sent,
@@ -281,7 +270,7 @@ async fn renewal_loop(weak: Weak<Shared>) {
                     }
                     let batch = batches.last_mut().expect("just pushed");
                     batch.ids.push(id);
-                    batch.leases.push((e.key.clone(), e.owner.clone(), e.lease));
+                    batch.leases.push((e.context.key().to_owned(), e.context.owner().to_owned(), e.lease));
                 }
                 next = next.min(e.next_look());
             }
@@ -350,8 +339,6 @@ mod tests {
     fn entry() -> Entry {
         let now = Instant::now();
         Entry {
-            key: "k".into(),
-            owner: "o".into(),
             lease: Duration::from_secs(1),
             renew: true,
             last_sent: now,
@@ -359,7 +346,7 @@ mod tests {
             inflight: false,
             retry_at: now,
             lost: false,
-            context: CallContext::new("k".into(), 1),
+            context: CallContext::new("k".into(), crate::ids::owner_id(), 1),
         }
     }
 

@@ -1,10 +1,12 @@
 //! `MemoryStore`: the state machine in this process's memory, for one process, examples and
 //! tests. Same semantics as the Redis store, lease and keep expiry included.
 
-use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use foldhash::fast::RandomState;
+use hashbrown::HashTable;
 use tokio::time::Instant;
 
 use super::channels::Channels;
@@ -24,6 +26,10 @@ const SWEEP_FLOOR: usize = 1024;
 /// [`RedisStore`](super::redis::RedisStore) does can be tried without one. It only protects
 /// calls made within this process.
 ///
+/// Keys are hashed with foldhash, seeded per process: fast, and only minimally resistant to a
+/// client that studies the process to send colliding keys. A long-running service that takes
+/// keys straight from untrusted clients is better served by `RedisStore`.
+///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// use idempotent_core::{Call, Error, Idempotency, MemoryStore};
@@ -42,12 +48,26 @@ pub struct MemoryStore {
 
 #[derive(Default)]
 struct State {
-    records: HashMap<String, Record>,
+    records: Records,
     /// Which records are due to expire (completed records and tokens; see `expiry`).
     expiries: Expiries,
     /// Past this many records, sweep every expired one (in-progress records are not queued).
     sweep_at: usize,
     last_fence: u64,
+}
+
+/// The records by key. Each call hashes its key once; each entry keeps its key's hash, so that
+/// neither expiry (which queues hashes, not keys) nor growing the table reads a key again.
+#[derive(Default)]
+struct Records {
+    table: HashTable<Entry>,
+    hasher: RandomState,
+}
+
+struct Entry {
+    hash: u64,
+    key: Short,
+    record: Record,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,11 +79,11 @@ enum Phase {
 
 struct Record {
     phase: Phase,
-    owner: Option<String>,
-    fingerprint: Option<String>,
+    owner: Option<Short>,
+    fingerprint: Option<Box<str>>,
     fence: u64,
     /// Completed: the result, `None` when not replayable.
-    result: Option<Vec<u8>>,
+    result: Option<Box<[u8]>>,
     /// Token records: when the token expires.
     token_expiry: Option<Instant>,
     /// Token records while in progress: when the lease ends.
@@ -72,6 +92,38 @@ struct Record {
     expires_at: Instant,
     /// A caller waits for this key to change.
     watched: bool,
+}
+
+/// A key or an owner id, inline up to 22 bytes (the runtime's owner ids have 22, and many keys
+/// are as short), on the heap beyond: most records allocate nothing for either.
+enum Short {
+    Inline(u8, [u8; 22]),
+    Long(Box<str>),
+}
+
+impl Short {
+    fn new(text: &str) -> Self {
+        let mut bytes = [0; 22];
+        match bytes.get_mut(..text.len()) {
+            Some(inline) => {
+                inline.copy_from_slice(text.as_bytes());
+                Short::Inline(text.len() as u8, bytes)
+            }
+            None => Short::Long(text.into()),
+        }
+    }
+
+    fn is(&self, text: &str) -> bool {
+        match self {
+            Short::Inline(len, bytes) => &bytes[..usize::from(*len)] == text.as_bytes(),
+            Short::Long(long) => **long == *text,
+        }
+    }
+}
+
+/// Whether `record` is held in progress by `owner`.
+fn held_by(record: &Record, owner: &str) -> bool {
+    record.phase == Phase::InProgress && record.owner.as_ref().is_some_and(|o| o.is(owner))
 }
 
 impl MemoryStore {
@@ -83,7 +135,7 @@ impl MemoryStore {
     /// The number of live (unexpired) records.
     pub fn len(&self) -> usize {
         let now = Instant::now();
-        self.lock().records.values().filter(|r| r.expires_at > now).count()
+        self.lock().records.table.iter().filter(|e| e.record.expires_at > now).count()
     }
 
     /// Whether there are no live records.
@@ -94,7 +146,9 @@ impl MemoryStore {
     /// Drops the record of `key` (its full key, scope included), whatever its state: an
     /// operator's tool, and a way for tests to take a lease away. Returns whether there was one.
     pub fn remove(&self, key: &str) -> bool {
-        self.lock().records.remove(key).is_some()
+        let mut st = self.lock();
+        let hash = st.records.hash(key);
+        st.records.remove(hash, key)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -106,19 +160,21 @@ impl MemoryStore {
     fn acquire_now(&self, req: AcquireRequest<'_>) -> AcquireOutcome {
         let now = Instant::now();
         let mut st = self.lock();
-        st.tick(now);
+        let st = &mut *st;
+        let hash = st.records.hash(req.key);
         let fence = st.last_fence + 1;
-        let Some(rec) = st.live(req.key, now) else {
+        let Some(entry) = st.records.live(hash, req.key, now) else {
             if req.mode == Mode::Token {
                 return AcquireOutcome::InvalidToken;
             }
             st.last_fence = fence;
-            st.insert_unqueued(
+            st.records.insert(
+                hash,
                 req.key,
                 Record {
                     phase: Phase::InProgress,
-                    owner: Some(req.owner.to_owned()),
-                    fingerprint: req.fingerprint.map(str::to_owned),
+                    owner: Some(Short::new(req.owner)),
+                    fingerprint: req.fingerprint.map(Box::from),
                     fence,
                     result: None,
                     token_expiry: None,
@@ -127,16 +183,18 @@ impl MemoryStore {
                     watched: false,
                 },
             );
+            // In-progress records are not queued (their holder commits or releases them), so an
+            // acquire only bounds the table.
+            st.sweep_if_doubled(now);
             return AcquireOutcome::Acquired { fence };
         };
+        let rec = &mut entry.record;
         match rec.phase {
-            Phase::InProgress if rec.owner.as_deref() == Some(req.owner) => {
-                return AcquireOutcome::Acquired { fence: rec.fence }
-            }
+            Phase::InProgress if held_by(rec, req.owner) => return AcquireOutcome::Acquired { fence: rec.fence },
             Phase::Completed => {
                 return AcquireOutcome::Completed {
-                    fingerprint: rec.fingerprint.clone(),
-                    result: rec.result.clone(),
+                    fingerprint: rec.fingerprint.as_deref().map(str::to_owned),
+                    result: rec.result.as_deref().map(<[u8]>::to_vec),
                     kept_for: rec.expires_at.saturating_duration_since(now),
                 }
             }
@@ -146,7 +204,7 @@ impl MemoryStore {
                 if !(rec.token_expiry.is_some() && until <= now) {
                     rec.watched |= req.will_wait;
                     return AcquireOutcome::InProgress {
-                        fingerprint: rec.fingerprint.clone(),
+                        fingerprint: rec.fingerprint.as_deref().map(str::to_owned),
                         lease_left: until.saturating_duration_since(now),
                     };
                 }
@@ -161,12 +219,13 @@ impl MemoryStore {
         let token_expiry = rec.token_expiry.unwrap_or(now);
         let lease_until = now + req.lease;
         rec.phase = Phase::InProgress;
-        rec.owner = Some(req.owner.to_owned());
-        rec.fingerprint = req.fingerprint.map(str::to_owned);
+        rec.owner = Some(Short::new(req.owner));
+        rec.fingerprint = req.fingerprint.map(Box::from);
         rec.fence = fence;
         rec.lease_until = Some(lease_until);
         rec.expires_at = token_expiry.max(lease_until);
         st.last_fence = fence;
+        st.sweep_if_doubled(now);
         AcquireOutcome::Acquired { fence }
     }
 
@@ -175,9 +234,10 @@ impl MemoryStore {
         let mut st = self.lock();
         leases
             .iter()
-            .map(|l| match st.live(l.key, now) {
-                Some(rec) if rec.phase == Phase::InProgress && rec.owner.as_deref() == Some(l.owner) => {
-                    match (rec.token_expiry, rec.lease_until) {
+            .map(|l| {
+                let hash = st.records.hash(l.key);
+                match st.records.live(hash, l.key, now).map(|e| &mut e.record) {
+                    Some(rec) if held_by(rec, l.owner) => match (rec.token_expiry, rec.lease_until) {
                         (Some(_), Some(until)) if until <= now => false,
                         (Some(te), _) => {
                             rec.lease_until = Some(now + l.lease);
@@ -188,9 +248,9 @@ impl MemoryStore {
                             rec.expires_at = now + l.lease;
                             true
                         }
-                    }
+                    },
+                    _ => false,
                 }
-                _ => false,
             })
             .collect()
     }
@@ -199,37 +259,45 @@ impl MemoryStore {
         let now = Instant::now();
         let watched = {
             let mut st = self.lock();
-            st.tick(now);
-            let watched = match st.live(req.key, now) {
-                None => false,
-                // Completed by this acquisition (same fence): a repeated commit.
-                Some(rec) if rec.phase == Phase::Completed => {
-                    return if rec.fence == req.fence { Transition::Done } else { Transition::Lost };
-                }
-                Some(rec) if rec.phase == Phase::Issued || rec.owner.as_deref() != Some(req.owner) => {
-                    return Transition::Lost
-                }
-                Some(rec) => rec.watched,
+            let st = &mut *st;
+            let hash = st.records.hash(req.key);
+            let completed = || Record {
+                phase: Phase::Completed,
+                owner: None,
+                fingerprint: req.fingerprint.map(Box::from),
+                fence: req.fence,
+                result: req.result.map(Box::from),
+                token_expiry: None,
+                lease_until: None,
+                expires_at: now + req.keep,
+                watched: false,
             };
-            if req.keep.is_zero() {
-                st.records.remove(req.key);
-            } else {
-                st.insert(
-                    req.key,
-                    Record {
-                        phase: Phase::Completed,
-                        owner: None,
-                        fingerprint: req.fingerprint.map(str::to_owned),
-                        fence: req.fence,
-                        result: req.result.map(<[u8]>::to_vec),
-                        token_expiry: None,
-                        lease_until: None,
-                        expires_at: now + req.keep,
-                        watched: false,
-                    },
-                    req.keep,
-                );
-            }
+            let watched = match st.records.live(hash, req.key, now) {
+                None => {
+                    if !req.keep.is_zero() {
+                        st.records.insert(hash, req.key, completed());
+                        st.expiries.after(hash, req.keep, now + req.keep);
+                    }
+                    false
+                }
+                // Completed by this acquisition (same fence): a repeated commit.
+                Some(entry) if entry.record.phase == Phase::Completed => {
+                    return if entry.record.fence == req.fence { Transition::Done } else { Transition::Lost };
+                }
+                Some(entry) if !held_by(&entry.record, req.owner) => return Transition::Lost,
+                Some(entry) => {
+                    let watched = entry.record.watched;
+                    if req.keep.is_zero() {
+                        st.records.remove(hash, req.key);
+                    } else {
+                        // Completed in place: the record keeps its key.
+                        entry.record = completed();
+                        st.expiries.after(hash, req.keep, now + req.keep);
+                    }
+                    watched
+                }
+            };
+            st.tick(now);
             watched
         };
         if watched {
@@ -242,11 +310,13 @@ impl MemoryStore {
         let now = Instant::now();
         let watched = {
             let mut st = self.lock();
-            st.tick(now);
-            let Some(rec) = st.live(key, now) else { return Transition::Done };
+            let st = &mut *st;
+            let hash = st.records.hash(key);
+            let Some(entry) = st.records.live(hash, key, now) else { return Transition::Done };
+            let rec = &mut entry.record;
             match rec.phase {
                 Phase::Issued => return Transition::Done,
-                Phase::InProgress if rec.owner.as_deref() == Some(owner) => {}
+                Phase::InProgress if held_by(rec, owner) => {}
                 _ => return Transition::Lost,
             }
             let watched = rec.watched;
@@ -258,12 +328,13 @@ impl MemoryStore {
                     rec.lease_until = None;
                     rec.watched = false;
                     rec.expires_at = te;
-                    st.expiries.at(key, te);
+                    st.expiries.at(hash, te);
                 }
                 _ => {
-                    st.records.remove(key);
+                    st.records.remove(hash, key);
                 }
             }
+            st.tick(now);
             watched
         };
         if watched {
@@ -275,25 +346,25 @@ impl MemoryStore {
     fn issue_now(&self, key: &str, ttl: Duration) -> bool {
         let now = Instant::now();
         let mut st = self.lock();
-        st.tick(now);
-        if st.live(key, now).is_some() {
+        let st = &mut *st;
+        let hash = st.records.hash(key);
+        if st.records.live(hash, key, now).is_some() {
             return false;
         }
-        st.insert(
-            key,
-            Record {
-                phase: Phase::Issued,
-                owner: None,
-                fingerprint: None,
-                fence: 0,
-                result: None,
-                token_expiry: Some(now + ttl),
-                lease_until: None,
-                expires_at: now + ttl,
-                watched: false,
-            },
-            ttl,
-        );
+        let record = Record {
+            phase: Phase::Issued,
+            owner: None,
+            fingerprint: None,
+            fence: 0,
+            result: None,
+            token_expiry: Some(now + ttl),
+            lease_until: None,
+            expires_at: now + ttl,
+            watched: false,
+        };
+        st.records.insert(hash, key, record);
+        st.expiries.after(hash, ttl, now + ttl);
+        st.tick(now);
         true
     }
 
@@ -302,45 +373,68 @@ impl MemoryStore {
     }
 }
 
-impl State {
-    /// The record at `key` unless it has expired (an expired one is removed).
-    fn live(&mut self, key: &str, now: Instant) -> Option<&mut Record> {
-        if self.records.get(key).is_some_and(|r| r.expires_at <= now) {
-            self.records.remove(key);
-        }
-        self.records.get_mut(key)
+impl Records {
+    fn hash(&self, key: &str) -> u64 {
+        self.hasher.hash_one(key)
     }
 
-    /// Drops a few expired records (amortized: each write pays for a bounded number), and all
-    /// of them once the store has doubled since the last full sweep.
-    fn tick(&mut self, now: Instant) {
-        let records = &mut self.records;
-        let mut later = Vec::new();
-        self.expiries.due(now, EXPIRE_PER_WRITE, |key| match records.get(&key).map(|r| r.expires_at) {
-            Some(at) if at <= now => {
-                records.remove(&key);
+    fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    /// The entry at `key` (hashed to `hash`) unless its record has expired (an expired one is
+    /// removed).
+    fn live(&mut self, hash: u64, key: &str, now: Instant) -> Option<&mut Entry> {
+        match self.table.find_entry(hash, |e| e.key.is(key)) {
+            Ok(e) if e.get().record.expires_at <= now => {
+                e.remove();
+                None
             }
-            Some(at) => later.push((key, at)),
-            None => {}
-        });
-        for (key, at) in later {
-            self.expiries.at(&key, at);
+            Ok(e) => Some(e.into_mut()),
+            Err(_) => None,
         }
+    }
+
+    /// Stores a record at a key not in the table.
+    fn insert(&mut self, hash: u64, key: &str, record: Record) {
+        self.table.insert_unique(hash, Entry { hash, key: Short::new(key), record }, |e| e.hash);
+    }
+
+    /// Removes the record at `key`; returns whether there was one.
+    fn remove(&mut self, hash: u64, key: &str) -> bool {
+        self.table.find_entry(hash, |e| e.key.is(key)).map(|e| e.remove()).is_ok()
+    }
+}
+
+impl State {
+    /// Drops a few expired records (amortized: each write that queues an expiry pays for a
+    /// bounded number), and all of them once the store has doubled since the last full sweep.
+    fn tick(&mut self, now: Instant) {
+        let table = &mut self.records.table;
+        let mut later = Vec::new();
+        self.expiries.due(now, EXPIRE_PER_WRITE, |hash| {
+            // The record found by its hash alone may, in theory, be another key's with the same
+            // 64-bit hash: harmless, since only an expired record is removed, and every read
+            // treats an expired record as absent anyway.
+            let found = table.find_entry(hash, |e| e.hash == hash);
+            match found.map(|e| (e.get().record.expires_at, e)) {
+                Ok((at, e)) if at <= now => drop(e.remove()),
+                Ok((at, _)) => later.push((hash, at)),
+                Err(_) => {}
+            }
+        });
+        for (hash, at) in later {
+            self.expiries.at(hash, at);
+        }
+        self.sweep_if_doubled(now);
+    }
+
+    /// Drops every expired record once the store has doubled since the last full sweep.
+    fn sweep_if_doubled(&mut self, now: Instant) {
         if self.records.len() > self.sweep_at {
-            self.records.retain(|_, r| r.expires_at > now);
+            self.records.table.retain(|e| e.record.expires_at > now);
             self.sweep_at = 2 * self.records.len().max(SWEEP_FLOOR);
         }
-    }
-
-    /// Stores a record living `lifetime` from now and queues its expiry.
-    fn insert(&mut self, key: &str, record: Record, lifetime: Duration) {
-        self.expiries.after(key, lifetime, record.expires_at);
-        self.insert_unqueued(key, record);
-    }
-
-    /// Stores an in-progress record: its holder commits or releases it.
-    fn insert_unqueued(&mut self, key: &str, record: Record) {
-        self.records.insert(key.to_owned(), record);
     }
 }
 
