@@ -183,6 +183,8 @@ struct Row {
     baseline: Option<String>,
     ratio: Option<f64>,
     failures: u64,
+    /// Rounds the case ran; the row is the median one.
+    rounds: usize,
 }
 
 /// Runs `op` from `concurrency` tasks for `secs`; each call gets (task, sequence number) and
@@ -244,6 +246,9 @@ impl Bench {
     /// The exact round trips of the path a case measures ("first, store alone" is a first
     /// execution).
     fn exact_round_trips(&self, case: &str) -> f64 {
+        if case.ends_with("cached") {
+            return 0.0;
+        }
         let path = if case.starts_with("first") { "first execution" } else { case };
         self.exact.iter().find(|(p, _, _)| *p == path).map_or(f64::NAN, |e| e.1)
     }
@@ -289,6 +294,7 @@ impl Bench {
             baseline: None,
             ratio: None,
             failures: failed,
+            rounds: 1,
         });
         self.rows.len() - 1
     }
@@ -339,6 +345,39 @@ fn hold_keys(idem: &Idempotency, prefix: &str, n: u64, release: Arc<AtomicBool>)
             })
         })
         .collect()
+}
+
+/// Each case's median round (by ops/s), in first-seen order, its ratio recomputed against its
+/// baseline's median.
+fn medians(rows: Vec<Row>) -> Vec<Row> {
+    let mut groups: Vec<Vec<Row>> = Vec::new();
+    for row in rows {
+        let same = |g: &&mut Vec<Row>| {
+            let first = &g[0];
+            (first.case.as_str(), first.store, first.concurrency) == (row.case.as_str(), row.store, row.concurrency)
+        };
+        match groups.iter_mut().find(same) {
+            Some(group) => group.push(row),
+            None => groups.push(vec![row]),
+        }
+    }
+    let mut out: Vec<Row> = groups
+        .into_iter()
+        .map(|mut group| {
+            group.sort_by(|a, b| a.ops_per_sec.total_cmp(&b.ops_per_sec));
+            let rounds = group.len();
+            let mut median = group.swap_remove(rounds / 2);
+            median.rounds = rounds;
+            median
+        })
+        .collect();
+    for i in 0..out.len() {
+        let Some(baseline) = out[i].baseline.clone() else { continue };
+        let base =
+            out.iter().find(|r| r.case == baseline && r.store == out[i].store && r.concurrency == out[i].concurrency);
+        out[i].ratio = base.map(|b| out[i].ops_per_sec / b.ops_per_sec);
+    }
+    out
 }
 
 fn print_table(rows: &[Row]) {
@@ -661,8 +700,12 @@ async fn run(o: Options) {
         return;
     }
 
-    let secs = Duration::from_millis(if o.short { 1000 } else { 3000 });
+    let secs = Duration::from_millis(if o.short { 1000 } else { 2000 });
     let concurrencies: &[usize] = if o.short { &[1, 32] } else { &[1, 32, 256] };
+    // Client and Redis share two cores with whatever else the machine runs: every Redis case
+    // runs in several rounds, each round all cases in turn, and the table shows each case's
+    // median round (ratios between medians), so one noisy second moves no ratio.
+    let rounds = if o.short { 1 } else { 5 };
     let mut bench = Bench { counters: Some(counters), rows: Vec::new(), secs, exact: checks.clone() };
     let floor = fred::types::scripts::Script::from_lua("return 1");
     let _ = floor.load(&client).await;
@@ -676,7 +719,7 @@ async fn run(o: Options) {
     let holders = hold_keys(&redis, "held:", 64, release.clone());
     tokio::time::sleep(Duration::from_millis(200)).await;
 
-    for &c in concurrencies {
+    for (round, &c) in (0..rounds).flat_map(|r| concurrencies.iter().map(move |c| (r, c))) {
         let cl = client.clone();
         let sha = floor.sha1().clone();
         let floor_row = bench
@@ -691,7 +734,7 @@ async fn run(o: Options) {
             .case("naive first (SET NX+SET)", "redis", c, move |t, i| {
                 let cl = cl.clone();
                 async move {
-                    let key = format!("naive:first:{c}:{t}:{i}");
+                    let key = format!("naive:first:{round}:{c}:{t}:{i}");
                     let got: Option<String> =
                         cl.set(&key, "1", Some(Expiration::EX(30)), Some(SetOptions::NX), false).await.ok().flatten();
                     let _ = got;
@@ -705,8 +748,9 @@ async fn run(o: Options) {
             .case("first execution", "redis", c, move |t, i| {
                 let idem = idem.clone();
                 async move {
-                    let r: R<Receipt> =
-                        idem.run(Call::new(format!("first:{c}:{t}:{i}")), || async move { Ok(receipt(i)) }).await;
+                    let r: R<Receipt> = idem
+                        .run(Call::new(format!("first:{round}:{c}:{t}:{i}")), || async move { Ok(receipt(i)) })
+                        .await;
                     r.is_ok()
                 }
             })
@@ -719,7 +763,7 @@ async fn run(o: Options) {
             .case("first, store alone", "redis", c, move |t, i| {
                 let st = st.clone();
                 async move {
-                    let (key, owner) = (format!("direct:{c}:{t}:{i}"), format!("bench-{t}"));
+                    let (key, owner) = (format!("direct:{round}:{c}:{t}:{i}"), format!("bench-{t}"));
                     let acquire = AcquireRequest {
                         key: &key,
                         owner: &owner,
@@ -772,6 +816,7 @@ async fn run(o: Options) {
             .await;
         bench.ratio(conflict, floor_row);
     }
+    bench.rows = medians(std::mem::take(&mut bench.rows));
     release.store(true, Ordering::Relaxed);
     for h in holders {
         h.await.unwrap();
@@ -818,6 +863,11 @@ async fn run(o: Options) {
         println!("{}", serde_json::to_string_pretty(&doc).unwrap());
     } else {
         println!();
+        println!(
+            "Redis rows: the median of {rounds} round(s) of {:?} each, all cases in turn in every round; \
+             ratios are between medians.",
+            secs
+        );
         print_table(&bench.rows);
         println!();
         println!("{wait}");
