@@ -437,23 +437,26 @@ impl TopLevel {
         TopLevel { client: client.clone() }
     }
 
-    /// Top-level commands sent while `f` ran, the counting's own left out.
-    async fn count<Fut: Future<Output = ()>>(&self, f: Fut) -> u64 {
+    /// Top-level commands sent while `f` ran, the counting's own left out, and how many of
+    /// them were script calls.
+    async fn count<Fut: Future<Output = ()>>(&self, f: Fut) -> (u64, u64) {
         raw(&self.client, "SLOWLOG", &["RESET"]).await;
         f.await;
         let entries = raw(&self.client, "SLOWLOG", &["GET", "-1"]).await.into_array();
-        entries
+        let names: Vec<String> = entries
             .into_iter()
-            .filter(|e| {
-                let Value::Array(fields) = e else { return false };
+            .filter_map(|e| {
+                let Value::Array(fields) = e else { return None };
                 let name = match fields.get(3) {
                     Some(Value::Array(args)) => args.first().and_then(|a| a.as_string()).unwrap_or_default(),
                     _ => String::new(),
                 };
                 let addr = fields.get(4).and_then(|a| a.as_string()).unwrap_or_default();
-                addr != "?:0" && !name.eq_ignore_ascii_case("slowlog")
+                (addr != "?:0" && !name.eq_ignore_ascii_case("slowlog")).then_some(name.to_ascii_lowercase())
             })
-            .count() as u64
+            .collect();
+        let scripts = names.iter().filter(|n| n.starts_with("eval")).count();
+        (names.len() as u64, scripts as u64)
     }
 
     async fn stop(&self) {
@@ -462,7 +465,9 @@ impl TopLevel {
     }
 }
 
-/// Sequential, exact: the round trips each path costs, counted by Redis (top-level commands).
+/// Sequential, exact: the round trips each path costs, counted by Redis (top-level commands),
+/// and, as `"<path>: scripts"`, how many of them are script calls (the rest are plain commands:
+/// a parameter-mode acquire is a `SET NX GET`, so a replay or a conflict runs no script).
 async fn check_round_trips(idem: &Idempotency, client: &Client) -> Vec<(&'static str, f64, f64)> {
     const N: u64 = 200;
     let per = |n: u64| n as f64 / N as f64;
@@ -472,16 +477,18 @@ async fn check_round_trips(idem: &Idempotency, client: &Client) -> Vec<(&'static
     let top = TopLevel::start(client).await;
     let mut out = Vec::new();
 
-    let n = top.count(complete_keys(idem, "rt-first:", N)).await;
+    let (n, scripts) = top.count(complete_keys(idem, "rt-first:", N)).await;
     out.push(("first execution", per(n), 2.0));
+    out.push(("first execution: scripts", per(scripts), 1.0));
 
-    let n = top.count(complete_keys(idem, "rt-first:", N)).await;
+    let (n, scripts) = top.count(complete_keys(idem, "rt-first:", N)).await;
     out.push(("replay", per(n), 1.0));
+    out.push(("replay: scripts", per(scripts), 0.0));
 
     let release = Arc::new(AtomicBool::new(false));
     let holders = hold_keys(idem, "rt-held:", 1, release.clone());
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let n = top
+    let (n, scripts) = top
         .count(async {
             for _ in 0..N {
                 let r: R<()> = idem.run(Call::new("rt-held:0"), || async { Ok(()) }).await;
@@ -490,12 +497,13 @@ async fn check_round_trips(idem: &Idempotency, client: &Client) -> Vec<(&'static
         })
         .await;
     out.push(("conflict", per(n), 1.0));
+    out.push(("conflict: scripts", per(scripts), 0.0));
     release.store(true, Ordering::Relaxed);
     for h in holders {
         h.await.unwrap();
     }
 
-    let n = top
+    let (n, scripts) = top
         .count(async {
             for i in 0..N {
                 let _: R<()> = idem
@@ -504,8 +512,9 @@ async fn check_round_trips(idem: &Idempotency, client: &Client) -> Vec<(&'static
             }
         })
         .await;
-    // Acquire plus release: the release itself costs one less.
+    // Acquire plus release: the release itself costs one less (and is the script).
     out.push(("release after an error", per(n) - 1.0, 1.0));
+    out.push(("release after an error: scripts", per(scripts), 1.0));
     top.stop().await;
     out
 }
@@ -688,7 +697,11 @@ async fn run(o: Options) {
         if verdict == "WRONG" {
             wrong += 1;
         }
-        println!("round trips, {path}: {got:.2} per call (target {want}) {verdict}");
+        let what = match path.split_once(": ") {
+            Some((path, _)) => format!("  of which script calls, {path}"),
+            None => format!("round trips, {path}"),
+        };
+        println!("{what}: {got:.2} per call (target {want}) {verdict}");
     }
     let fallbacks = counters.read().await.evals;
     println!("EVAL fallbacks after NOSCRIPT: {fallbacks} (the store loads its scripts when it connects)");
