@@ -324,6 +324,8 @@ impl Idempotency {
         } else {
             Driven::Finished(caught.await)
         };
+        // The lease as last renewed bounds the commit's retries.
+        let lease_end = registration.lease_end().unwrap_or(held.sent + held.lease);
         drop(registration);
         match driven {
             Driven::Lost(reason) => {
@@ -343,7 +345,7 @@ impl Idempotency {
             Driven::Finished(Ok(Ok(value))) => {
                 // From here on the key is never released: the body ran.
                 guard.store = None;
-                match self.commit(call, &held, &value).await {
+                match self.commit(call, &held, &value, lease_end).await {
                     Ok(()) => Ok(value),
                     Err(source) => Err(Error::Store { key: context.key().to_owned(), source }.into()),
                 }
@@ -353,7 +355,13 @@ impl Idempotency {
 
     /// Stores the result; on failure logs it (the body ran, so its value is returned anyway),
     /// except when the store says too few replicas have it: that is the caller's to know.
-    async fn commit<T: Serialize>(&self, call: &Call, held: &Held, value: &T) -> Result<(), StoreError> {
+    async fn commit<T: Serialize>(
+        &self,
+        call: &Call,
+        held: &Held,
+        value: &T,
+        lease_end: Instant,
+    ) -> Result<(), StoreError> {
         let key = held.context.key();
         let encoded = codec::encode(value, self.inner.max_result_bytes);
         let result = match &encoded {
@@ -399,7 +407,7 @@ impl Idempotency {
                 }
                 Err(e) => {
                     let now = Instant::now();
-                    let until = *until.get_or_insert_with(|| now.max(held.sent + held.lease));
+                    let until = *until.get_or_insert_with(|| now.max(lease_end));
                     if attempt >= 3 && now + backoff >= until {
                         tracing::warn!(key = %key, error = %e, attempt, "idempotency result not stored: the store failed");
                         return Ok(());

@@ -104,12 +104,15 @@ impl Entry {
 struct Leases {
     slots: Vec<(u32, Option<Entry>)>,
     free: Vec<u32>,
-    len: usize,
+}
+
+/// A lease id: the slot's generation above its index.
+fn lease_id(generation: u32, index: u32) -> u64 {
+    (u64::from(generation) << 32) | u64::from(index)
 }
 
 impl Leases {
     fn insert(&mut self, entry: Entry) -> u64 {
-        self.len += 1;
         let index = match self.free.pop() {
             Some(i) => i,
             None => {
@@ -120,7 +123,7 @@ impl Leases {
         let slot = &mut self.slots[index as usize];
         slot.0 = slot.0.wrapping_add(1);
         slot.1 = Some(entry);
-        (u64::from(slot.0) << 32) | u64::from(index)
+        lease_id(slot.0, index)
     }
 
     fn slot(&mut self, id: u64) -> Option<&mut (u32, Option<Entry>)> {
@@ -132,7 +135,6 @@ impl Leases {
         if let Some(slot) = self.slot(id) {
             slot.1 = None;
             self.free.push(id as u32);
-            self.len -= 1;
         }
     }
 
@@ -141,14 +143,15 @@ impl Leases {
     }
 
     fn is_empty(&self) -> bool {
-        self.len == 0
+        // Every slot is either taken or free.
+        self.slots.len() == self.free.len()
     }
 
     fn iter_mut(&mut self) -> impl Iterator<Item = (u64, &mut Entry)> {
         self.slots
             .iter_mut()
             .enumerate()
-            .filter_map(|(i, (generation, e))| e.as_mut().map(|e| ((u64::from(*generation) << 32) | i as u64, e)))
+            .filter_map(|(i, (generation, e))| e.as_mut().map(|e| (lease_id(*generation, i as u32), e)))
     }
 }
 
@@ -156,6 +159,14 @@ impl Leases {
 pub(crate) struct Registration {
     shared: Arc<Shared>,
     id: u64,
+}
+
+impl Registration {
+    /// When the lease runs out unless renewed again: the last confirmed renewal (or the
+    /// acquire) was sent at that time minus the lease.
+    pub(crate) fn lease_end(&self) -> Option<Instant> {
+        self.shared.lock().leases.get_mut(self.id).map(|e| e.last_sent + e.lease)
+    }
 }
 
 impl Drop for Registration {
@@ -221,22 +232,27 @@ impl Watchdog {
     }
 }
 
-/// Clears `running` when the loop ends, also when its runtime shuts down and drops it, so the
-/// next registration starts a new loop.
-struct Running(Weak<Shared>);
+/// Clears `running` when the loop is dropped without ending by itself (its runtime shut down),
+/// so the next registration starts a new loop. A loop that ends idle clears the flag itself,
+/// under the same lock that saw no leases: a registration in between would otherwise find the
+/// flag still set, start no loop, and its lease would never be renewed.
+struct Running(Option<Weak<Shared>>);
 
 impl Drop for Running {
     fn drop(&mut self) {
-        if let Some(shared) = self.0.upgrade() {
-            let mut reg = shared.lock();
-            reg.running = false;
-            reg.next_look = None;
+        if let Some(shared) = self.0.take().and_then(|w| w.upgrade()) {
+            stopped(&mut shared.lock());
         }
     }
 }
 
+fn stopped(reg: &mut Registry) {
+    reg.running = false;
+    reg.next_look = None;
+}
+
 async fn renewal_loop(weak: Weak<Shared>) {
-    let _running = Running(weak.clone());
+    let mut running = Running(Some(weak.clone()));
     let mut inflight: JoinSet<Renewed> = JoinSet::new();
     let mut idle_since: Option<Instant> = None;
     loop {
@@ -250,7 +266,9 @@ async fn renewal_loop(weak: Weak<Shared>) {
                 // would cost a task spawn each.
                 let since = *idle_since.get_or_insert(now);
                 if now >= since + LINGER {
-                    return; // `_running` clears the registry's flag.
+                    stopped(&mut reg);
+                    running.0 = None;
+                    return;
                 }
             } else {
                 idle_since = None;
@@ -362,5 +380,61 @@ mod tests {
         leases.remove(a);
         assert!(!leases.is_empty(), "removing a stale id removed the new lease");
         assert_eq!(leases.iter_mut().count(), 1);
+    }
+}
+
+#[cfg(test)]
+mod renewal_tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::store::memory::MemoryStore;
+    use crate::store::{AcquireOutcome, AcquireRequest, BoxFuture, CommitRequest, Transition, Watcher};
+    use crate::{Call, Error, Idempotency};
+
+    /// A `MemoryStore` that counts its renewal calls.
+    struct Counting(MemoryStore, Arc<AtomicUsize>);
+
+    impl Store for Counting {
+        fn acquire<'a>(&'a self, r: AcquireRequest<'a>) -> BoxFuture<'a, Result<AcquireOutcome, StoreError>> {
+            self.0.acquire(r)
+        }
+        fn renew<'a>(&'a self, leases: &'a [Lease<'a>]) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
+            self.1.fetch_add(1, Ordering::SeqCst);
+            self.0.renew(leases)
+        }
+        fn commit<'a>(&'a self, r: CommitRequest<'a>) -> BoxFuture<'a, Result<Transition, StoreError>> {
+            self.0.commit(r)
+        }
+        fn release<'a>(&'a self, key: &'a str, owner: &'a str) -> BoxFuture<'a, Result<Transition, StoreError>> {
+            self.0.release(key, owner)
+        }
+        fn issue_token<'a>(&'a self, key: &'a str, ttl: Duration) -> BoxFuture<'a, Result<bool, StoreError>> {
+            self.0.issue_token(key, ttl)
+        }
+        fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Watcher, StoreError>> {
+            self.0.watch(key)
+        }
+    }
+
+    async fn renewals_for(idem: &Idempotency, renewals: &AtomicUsize, key: &str, body: Duration) -> usize {
+        let before = renewals.load(Ordering::SeqCst);
+        let call = Call::new(key).ttl(Duration::from_millis(900));
+        let r: Result<(), Error> = idem.run(call, || async move { Ok(tokio::time::sleep(body).await) }).await;
+        r.unwrap();
+        renewals.load(Ordering::SeqCst) - before
+    }
+
+    /// A call shorter than a third of its lease costs no renewal; a longer one is renewed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn only_calls_longer_than_a_third_of_the_lease_are_renewed() {
+        let renewals = Arc::new(AtomicUsize::new(0));
+        let idem = Idempotency::new(Counting(MemoryStore::new(), renewals.clone()));
+        for i in 0..20 {
+            let n = renewals_for(&idem, &renewals, &format!("short:{i}"), Duration::from_millis(20)).await;
+            assert_eq!(n, 0, "a 20 ms call under a 900 ms lease was renewed");
+        }
+        let n = renewals_for(&idem, &renewals, "long", Duration::from_millis(700)).await;
+        assert!(n >= 1, "a 700 ms call under a 900 ms lease was never renewed");
     }
 }

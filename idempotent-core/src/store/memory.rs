@@ -411,21 +411,18 @@ impl State {
     /// bounded number), and all of them once the store has doubled since the last full sweep.
     fn tick(&mut self, now: Instant) {
         let table = &mut self.records.table;
-        let mut later = Vec::new();
         self.expiries.due(now, EXPIRE_PER_WRITE, |hash| {
             // The record found by its hash alone may, in theory, be another key's with the same
             // 64-bit hash: harmless, since only an expired record is removed, and every read
-            // treats an expired record as absent anyway.
-            let found = table.find_entry(hash, |e| e.hash == hash);
-            match found.map(|e| (e.get().record.expires_at, e)) {
-                Ok((at, e)) if at <= now => drop(e.remove()),
-                Ok((at, _)) => later.push((hash, at)),
-                Err(_) => {}
+            // treats an expired record as absent anyway. A record that has not expired was
+            // written again since it was queued: its new write queued it anew if it expires on
+            // its own, and the full sweep covers an in-progress one.
+            if let Ok(e) = table.find_entry(hash, |e| e.hash == hash) {
+                if e.get().record.expires_at <= now {
+                    e.remove();
+                }
             }
         });
-        for (hash, at) in later {
-            self.expiries.at(hash, at);
-        }
         self.sweep_if_doubled(now);
     }
 
