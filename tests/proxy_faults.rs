@@ -13,15 +13,11 @@ use std::time::Duration;
 
 use idempotent::{Call, CallContext, Error, Idempotency, OnConflict, RedisStore};
 use support::proxy::{CutAt, Direction, Proxy};
-use support::{ms, AppError, Monitor, RedisServer, R};
+use support::{counter, eventually, ms, AppError, Monitor, RedisServer, R};
 use tokio::time::Instant;
 
 async fn store(url: &str, timeout: Duration) -> RedisStore {
     RedisStore::builder(url).timeout(timeout).connect().await.expect("connect")
-}
-
-fn counter() -> Arc<AtomicUsize> {
-    Arc::new(AtomicUsize::new(0))
 }
 
 /// 100 ms each way on every command: calls stay correct (one execution, replays, conflicts, a
@@ -333,12 +329,11 @@ async fn black_holed_holder(abort: bool) -> (Duration, Duration, R<()>, usize, V
             got
         }
     });
-    let holed = loop {
-        if let Some(t) = *holed_at.lock().unwrap() {
-            break t;
-        }
-        tokio::time::sleep(ms(5)).await;
-    };
+    let holed = eventually(Duration::from_secs(10), "the holder to be black-holed", || {
+        let t = *holed_at.lock().unwrap();
+        async move { t }
+    })
+    .await;
     let b_started: Arc<Mutex<Option<Instant>>> = Arc::default();
     let acquired = loop {
         let (bank, started) = (bank.clone(), b_started.clone());

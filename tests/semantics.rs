@@ -12,12 +12,8 @@ use idempotent::store::{AcquireOutcome, AcquireRequest, CommitRequest, Lease, Tr
 use idempotent::{Call, CallContext, Error, Idempotency, Mode, OnConflict, OnDuplicate};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use support::{eventually, ms, AppError, Backend, Fixture, R};
+use support::{counter, eventually, ms, AppError, Backend, Fixture, R};
 use tokio::time::Instant;
-
-fn counter() -> Arc<AtomicUsize> {
-    Arc::new(AtomicUsize::new(0))
-}
 
 all_stores!(
     concurrent_callers_run_the_body_once,

@@ -10,8 +10,7 @@ use std::time::Duration;
 
 use idempotent::{Call, Idempotency, RedisStore};
 use support::sentinel::SentinelGroup;
-use support::{churn_key, command_at, ms, unique_prefix, Churn, R};
-use tokio::time::Instant;
+use support::{churn_key, churn_through_fault, command_at, ms, unique_prefix, R};
 
 async fn store(group: &SentinelGroup, prefix: &str, timeout: Duration) -> RedisStore {
     let url = group.url();
@@ -69,39 +68,27 @@ async fn primary_killed_failover_and_calls_recover() {
     for _ in 0..2 {
         clients.push(Idempotency::new(store(&group, &prefix, Duration::from_secs(1)).await));
     }
-    let churn = Churn::start(&clients, 10, LEASE);
-    tokio::time::sleep(ms(2000)).await;
-    let killed = Instant::now();
-    let old = tokio::task::block_in_place(|| group.kill_primary());
-    let new = tokio::task::block_in_place(|| group.wait_for_new_primary(old, Duration::from_secs(30)));
-    let promoted = Instant::now();
-    for client in &clients {
-        churn.wait_until_calls_work(client, |_| true, Duration::from_secs(30)).await;
-    }
-    let recovered = Instant::now();
-    tokio::time::sleep(ms(1500)).await;
-    let result = churn.stop(&clients[1]).await;
-    let summary = result.check(killed, recovered, |_| true);
+    let run = churn_through_fault(
+        &clients,
+        10,
+        LEASE,
+        |_| true,
+        Duration::from_secs(30),
+        300,
+        || {
+            let old = group.kill_primary();
+            (old, group.wait_for_new_primary(old, Duration::from_secs(30)))
+        },
+    )
+    .await;
+    let (old, new) = run.fault;
     // The records after the failover are on the new primary.
-    let last = result.used - 1;
+    let last = run.result.used - 1;
     let record = command_at(new, &["GET", &store(&group, &prefix, ms(500)).await.record_key(&churn_key(last))]);
     assert!(record.as_deref().is_ok_and(|r| r.starts_with("C|")), "{record:?}");
     println!(
         "sentinel failover: primary {old} killed, sentinels agreed on {new} after {:?}, calls worked again after {:?}",
-        promoted - killed,
-        recovered - killed
+        run.repaired - run.broken,
+        run.recovered - run.broken
     );
-    println!(
-        "{} calls on {} keys: {} ok, {} conflicts, store errors {:?}; {} executions ({} in the final pass)",
-        summary.calls,
-        result.used,
-        summary.oks,
-        summary.conflicts,
-        summary.store_errors,
-        summary.executions,
-        summary.final_executions
-    );
-    summary.print_reruns_and_sample();
-    assert!(summary.oks > 300, "too few calls completed for the run to mean anything");
-    assert!(!summary.store_errors.is_empty(), "no call was caught in the failover: the kill did not hit the run");
 }

@@ -160,17 +160,25 @@ impl Call {
 
     /// The full key: `scope:key`, or `token:key` in token mode without a scope.
     pub fn full_key(&self) -> String {
+        match self.key_prefix() {
+            Some(prefix) => format!("{prefix}:{}", self.key),
+            None => self.key.clone(),
+        }
+    }
+
+    /// What goes before the key in the full key, if anything.
+    fn key_prefix(&self) -> Option<&str> {
         match (&self.scope, self.mode) {
-            (Some(scope), _) => format!("{scope}:{}", self.key),
-            (None, Mode::Token) => format!("token:{}", self.key),
-            (None, Mode::Param) => self.key.clone(),
+            (Some(scope), _) => Some(scope),
+            (None, Mode::Token) => Some("token"),
+            (None, Mode::Param) => None,
         }
     }
 
     /// Checks the call like [`validate`](Self::validate) and takes the full key out of it: moved,
     /// not copied, when it is the key alone. The call keeps its policies.
     pub(crate) fn take_key(&mut self, lease: Duration) -> Result<(String, Option<String>), Error> {
-        if self.scope.is_some() || self.mode == Mode::Token {
+        if self.key_prefix().is_some() {
             let key = self.full_key();
             let fingerprint = self.validate(&key, lease)?;
             return Ok((key, fingerprint));

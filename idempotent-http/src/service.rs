@@ -182,11 +182,11 @@ fn prepare(policy: &Policy, parts: &request::Parts) -> Result<Option<Call>, Prob
         }
         Err(e) => return Err(Problem::new(ProblemKind::MalformedKey, e.to_string())),
     };
-    let call = match policy.mode {
-        KeyMode::Token => Call::token(key).scope(policy.client_scope("token", parts)?),
-        KeyMode::Required | KeyMode::Optional => Call::new(key).scope(policy.client_scope("key", parts)?),
+    let (call, kind) = match policy.mode {
+        KeyMode::Token => (Call::token(key), "token"),
+        KeyMode::Required | KeyMode::Optional => (Call::new(key), "key"),
     };
-    let mut call = call.on_conflict(policy.on_conflict);
+    let mut call = call.scope(policy.client_scope(kind, parts)?).on_conflict(policy.on_conflict);
     if let Some(ttl) = policy.ttl {
         call = call.ttl(ttl);
     }

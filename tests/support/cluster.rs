@@ -6,7 +6,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::{command_at, info_field, redis_cli_binary, RedisServer};
+use super::{command_at, info_field, redis_cli_binary, wait_for, RedisServer};
 
 /// How long a node may be unreachable before the cluster fails it over (and what the tests'
 /// failover times are made of).
@@ -152,11 +152,6 @@ impl RedisCluster {
         format!("redis-cluster://127.0.0.1:{first}?{}", rest.join("&"))
     }
 
-    /// The node on `port`.
-    pub fn node(&self, port: u16) -> &RedisServer {
-        self.nodes.iter().find(|n| n.port() == port).unwrap_or_else(|| panic!("no node on port {port}"))
-    }
-
     /// Ports of the nodes still running.
     pub fn live_ports(&self) -> Vec<u16> {
         self.nodes.iter().filter(|n| n.is_running()).map(|n| n.port()).collect()
@@ -276,15 +271,7 @@ impl RedisCluster {
     /// Waits until every live node says `cluster_state:ok` with all 16384 slots served by live
     /// primaries, and knows all six nodes.
     pub fn wait_healthy(&self, limit: Duration) {
-        let deadline = Instant::now() + limit;
-        loop {
-            let problem = self.health_problem();
-            match problem {
-                None => return,
-                Some(p) if Instant::now() > deadline => panic!("cluster not healthy within {limit:?}: {p}"),
-                Some(_) => std::thread::sleep(Duration::from_millis(50)),
-            }
-        }
+        wait_for(limit, "a healthy cluster", || self.health_problem().map_or(Ok(()), Err))
     }
 
     fn health_problem(&self) -> Option<String> {
@@ -313,14 +300,7 @@ impl RedisCluster {
     /// Waits until every replica's link to its primary is up and it has every write its primary
     /// has (equal replication offsets).
     pub fn wait_replicated(&self, limit: Duration) {
-        let deadline = Instant::now() + limit;
-        loop {
-            match self.replication_problem() {
-                None => return,
-                Some(p) if Instant::now() > deadline => panic!("replicas not in sync within {limit:?}: {p}"),
-                Some(_) => std::thread::sleep(Duration::from_millis(50)),
-            }
-        }
+        wait_for(limit, "replicas in sync", || self.replication_problem().map_or(Ok(()), Err))
     }
 
     fn replication_problem(&self) -> Option<String> {
@@ -356,15 +336,13 @@ impl RedisCluster {
     /// After the primary that `replica` replicates was killed: waits until `replica` serves
     /// slots as a primary and the cluster is healthy again, as every live node sees it.
     pub fn wait_for_promotion(&self, replica: u16, limit: Duration) {
-        let deadline = Instant::now() + limit;
-        loop {
+        wait_for(limit, &format!("replica {replica} promoted"), || {
             let layout = self.layout();
             let promoted = layout.iter().any(|n| n.port == replica && n.is_primary() && n.slot_count() > 0);
-            if promoted && self.health_problem().is_none() {
-                return;
+            match self.health_problem() {
+                None if promoted => Ok(()),
+                problem => Err(format!("{problem:?} {layout:?}")),
             }
-            assert!(Instant::now() < deadline, "replica {replica} not promoted within {limit:?}: {layout:?}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        })
     }
 }

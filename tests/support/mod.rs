@@ -36,6 +36,11 @@ impl From<idempotent::Error> for AppError {
 /// A guarded function's result.
 pub type R<T> = Result<T, AppError>;
 
+/// A shared counter starting at 0 (bodies count their runs with it).
+pub fn counter() -> Arc<std::sync::atomic::AtomicUsize> {
+    Arc::new(std::sync::atomic::AtomicUsize::new(0))
+}
+
 pub fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
@@ -242,11 +247,6 @@ impl RedisServer {
 
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    /// The server's directory (its log file is `redis.log` in it).
-    pub fn dir(&self) -> &Path {
-        &self.dir
     }
 
     /// Whether the process runs (it was not killed).
@@ -485,11 +485,6 @@ impl Fixture {
         }
     }
 
-    /// The `RedisStore` of client `i` (not on `Memory`).
-    pub fn redis_store(&self, i: usize) -> RedisStore {
-        self.redis[i % self.redis.len()].clone()
-    }
-
     /// A runtime on client `i`.
     pub fn idem(&self, i: usize) -> Idempotency {
         Idempotency::builder_shared(self.store(i)).build()
@@ -541,6 +536,20 @@ where
         }
         assert!(tokio::time::Instant::now() < deadline, "not within {limit:?}: {what}");
         tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The blocking counterpart of [`eventually`], for fixtures outside the runtime: runs `attempt`
+/// every 20 ms until it returns `Ok`, for at most `limit`; panics with `what` and the last `Err`
+/// (what is still wrong) otherwise.
+pub fn wait_for<T>(limit: Duration, what: &str, mut attempt: impl FnMut() -> Result<T, String>) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        match attempt() {
+            Ok(v) => return v,
+            Err(problem) => assert!(Instant::now() < deadline, "{what} not within {limit:?}: {problem}"),
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -730,6 +739,63 @@ impl Churn {
         let outcomes = std::mem::take(&mut *self.outcomes.lock().unwrap());
         ChurnResult { executions, outcomes, used, final_values, final_executions }
     }
+}
+
+/// What [`churn_through_fault`] saw.
+pub struct FaultRun<T> {
+    /// What the fault returned.
+    pub fault: T,
+    pub result: ChurnResult,
+    pub summary: ChurnSummary,
+    /// When the fault began, when the deployment said it was repaired, and when calls worked
+    /// again through every client.
+    pub broken: tokio::time::Instant,
+    pub repaired: tokio::time::Instant,
+    pub recovered: tokio::time::Instant,
+}
+
+/// A [`Churn`] of `workers` on `clients` through a fault: two seconds of calls, then `fault`
+/// (blocking: it breaks something and waits until the deployment says it is repaired), then
+/// calls working again through every client on the keys `exposed` picks (within
+/// `recover_limit`), 1.5 s more, and the run checked. Prints the counts, and asserts that at
+/// least `min_oks` calls completed and that the fault caught some of them.
+pub async fn churn_through_fault<T>(
+    clients: &[Idempotency],
+    workers: usize,
+    lease: Duration,
+    exposed: impl Fn(usize) -> bool,
+    recover_limit: Duration,
+    min_oks: usize,
+    fault: impl FnOnce() -> T,
+) -> FaultRun<T> {
+    let churn = Churn::start(clients, workers, lease);
+    tokio::time::sleep(ms(2000)).await;
+    let broken = tokio::time::Instant::now();
+    let fault = tokio::task::block_in_place(fault);
+    let repaired = tokio::time::Instant::now();
+    for client in clients {
+        churn.wait_until_calls_work(client, &exposed, recover_limit).await;
+    }
+    let recovered = tokio::time::Instant::now();
+    tokio::time::sleep(ms(1500)).await;
+    let result = churn.stop(&clients[1]).await;
+    let summary = result.check(broken, recovered, &exposed);
+    println!(
+        "{} calls on {} keys: {} ok, {} conflicts, store errors {:?} ({} of them on keys the fault did not touch); \
+         {} executions ({} in the final pass)",
+        summary.calls,
+        result.used,
+        summary.oks,
+        summary.conflicts,
+        summary.store_errors,
+        summary.store_errors_unexposed,
+        summary.executions,
+        summary.final_executions
+    );
+    summary.print_reruns_and_sample();
+    assert!(summary.oks > min_oks, "too few calls completed for the run to mean anything");
+    assert!(!summary.store_errors.is_empty(), "no call was caught in the fault: it did not hit the run");
+    FaultRun { fault, result, summary, broken, repaired, recovered }
 }
 
 impl ChurnSummary {

@@ -160,10 +160,6 @@ impl Proxy {
         Proxy { port, state, shutdown: Some(tx), thread: Some(thread) }
     }
 
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
     /// A `redis://` URL through the proxy.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
@@ -218,11 +214,6 @@ impl Proxy {
         if self.state.black_hole.swap(false, SeqCst) {
             self.drop_all();
         }
-    }
-
-    /// Open connections.
-    pub fn connections(&self) -> usize {
-        lock(&self.state.conns).len()
     }
 
     pub fn stats(&self) -> ProxyStats {

@@ -5,7 +5,7 @@
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::{command_at, info_field, RedisServer};
+use super::{command_at, info_field, wait_for, RedisServer};
 
 /// The name the sentinels monitor the primary under.
 pub const SERVICE: &str = "mymaster";
@@ -92,11 +92,6 @@ impl SentinelGroup {
             .collect()
     }
 
-    /// The data node on `port`.
-    pub fn node(&self, port: u16) -> &RedisServer {
-        self.data.iter().find(|n| n.port() == port).unwrap_or_else(|| panic!("no data node on port {port}"))
-    }
-
     /// Sends a command to the current primary.
     pub fn primary_command(&self, args: &[&str]) -> Result<String, String> {
         command_at(self.primary_port(), args)
@@ -112,31 +107,22 @@ impl SentinelGroup {
     /// Waits until every sentinel reports a primary other than `old`, the same one, and that
     /// node says it is a primary; returns its port.
     pub fn wait_for_new_primary(&self, old: u16, limit: Duration) -> u16 {
-        let deadline = Instant::now() + limit;
-        loop {
+        wait_for(limit, "a new primary", || {
             let views = self.sentinel_views();
             if let Some(Some(new)) = views.first() {
                 let agreed = views.iter().all(|v| *v == Some(*new));
                 let role = command_at(*new, &["ROLE"]).unwrap_or_default();
                 if *new != old && agreed && role.lines().next() == Some("master") {
-                    return *new;
+                    return Ok(*new);
                 }
             }
-            assert!(Instant::now() < deadline, "no new primary within {limit:?}: sentinels say {views:?}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+            Err(format!("sentinels say {views:?}"))
+        })
     }
 
     /// Waits until every live replica of the current primary is linked and has all its writes.
     pub fn wait_replicated(&self, limit: Duration) {
-        let deadline = Instant::now() + limit;
-        loop {
-            match self.replication_problem() {
-                None => return,
-                Some(p) => assert!(Instant::now() < deadline, "replicas not in sync within {limit:?}: {p}"),
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_for(limit, "replicas in sync", || self.replication_problem().map_or(Ok(()), Err))
     }
 
     fn replication_problem(&self) -> Option<String> {
@@ -170,8 +156,7 @@ impl SentinelGroup {
     /// Waits until every sentinel knows the two replicas and the two other sentinels, agrees on
     /// the primary, and can reach a quorum.
     fn wait_agreed(&self, limit: Duration) {
-        let deadline = Instant::now() + limit;
-        loop {
+        wait_for(limit, "sentinels agreed", || {
             let problem = self.sentinels.iter().find_map(|s| {
                 let master = s.command(&["SENTINEL", "master", SERVICE]).unwrap_or_default();
                 let fields: Vec<&str> = master.lines().collect();
@@ -191,10 +176,9 @@ impl SentinelGroup {
             let views = self.sentinel_views();
             let agreed = views.iter().all(|v| v.is_some() && *v == views[0]);
             match problem {
-                None if agreed => return,
-                p => assert!(Instant::now() < deadline, "sentinels not agreed within {limit:?}: {p:?} {views:?}"),
+                None if agreed => Ok(()),
+                p => Err(format!("{p:?} {views:?}")),
             }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        })
     }
 }

@@ -163,7 +163,7 @@ impl RedisStore {
 
     /// Runs the fred command `op`, bounded by the store's timeout.
     async fn bounded<T>(&self, op: &str, fut: impl Future<Output = Result<T, Error>>) -> Result<T, StoreError> {
-        within(op, self.inner.timeout, async { fut.await.map_err(|e| store_error(op, e)) }).await
+        bounded(op, self.inner.timeout, fut).await
     }
 
     async fn script(
@@ -317,8 +317,7 @@ impl RedisStore {
         let wait = CustomCommand::new_static("WAIT", fred::types::ClusterHash::Custom(slot), false);
         let args = vec![acks.replicas.to_string(), millis(acks.timeout).to_string()];
         let wait = Box::pin(self.client_for(key).custom(wait, args));
-        let command = async { wait.await.map_err(|e| store_error(op, e)) };
-        let got: i64 = within(op, acks.timeout + self.inner.timeout, command).await?;
+        let got: i64 = bounded(op, acks.timeout + self.inner.timeout, wait).await?;
         if got < i64::from(acks.replicas) {
             return Err(StoreError::new(
                 StoreErrorKind::Replication,
@@ -437,17 +436,13 @@ impl RedisStoreBuilder {
             let _ = tokio::time::timeout(self.timeout, script.load(pool.next())).await;
         }
         let clock = clock::RedisClock::new();
-        if let Err(e) = within("read Redis's clock", self.timeout, async {
-            clock.sync(pool.next()).await.map_err(|e| store_error("read Redis's clock", e))
-        })
-        .await
-        {
+        if let Err(e) = bounded("read Redis's clock", self.timeout, clock.sync(pool.next())).await {
             tracing::warn!(error = %e, "could not read Redis's clock; using this machine's until the next try");
         }
         tasks.push(clock.clone().keep_in_sync(pool.next().clone()));
         let plain_acquire = within("read the server's version", self.timeout, server_version(pool.next()))
             .await
-            .is_ok_and(|(major, _)| major >= 7);
+            .is_ok_and(|major| major >= 7);
         Ok(RedisStore {
             inner: Arc::new(Inner {
                 pool,
@@ -466,6 +461,11 @@ impl RedisStoreBuilder {
     }
 }
 
+/// The fred command `fut` as a store call: its error mapped, and bounded by `bound`.
+async fn bounded<T>(op: &str, bound: Duration, fut: impl Future<Output = Result<T, Error>>) -> Result<T, StoreError> {
+    within(op, bound, async { fut.await.map_err(|e| store_error(op, e)) }).await
+}
+
 /// `fut`, failing with a store error of kind `Timeout` after `bound`.
 async fn within<T>(
     op: &str,
@@ -475,18 +475,16 @@ async fn within<T>(
     tokio::time::timeout(bound, fut).await.unwrap_or_else(|_| Err(StoreError::timeout(op, bound)))
 }
 
-/// The server's (major, minor) version, from `INFO server`.
-async fn server_version(client: &Client) -> Result<(u32, u32), StoreError> {
+/// The server's major version, from `INFO server`.
+async fn server_version(client: &Client) -> Result<u32, StoreError> {
     let info: String = client
         .info(Some(fred::types::InfoKind::Server))
         .await
         .map_err(|e| store_error("read the server's version", e))?;
     let version = info.lines().find_map(|l| l.strip_prefix("redis_version:")).unwrap_or_default().trim();
-    let mut parts = version.split('.').map(|p| p.parse::<u32>().ok());
-    match (parts.next().flatten(), parts.next().flatten()) {
-        (Some(major), Some(minor)) => Ok((major, minor)),
-        _ => Err(StoreError::reply("read the server's version", format_args!("no redis_version in INFO: {version:?}"))),
-    }
+    version.split('.').next().and_then(|major| major.parse().ok()).ok_or_else(|| {
+        StoreError::reply("read the server's version", format_args!("no redis_version in INFO: {version:?}"))
+    })
 }
 
 /// Runs `futs` concurrently; their outputs in order.
