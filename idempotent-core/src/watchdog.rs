@@ -420,7 +420,12 @@ mod renewal_tests {
     async fn renewals_for(idem: &Idempotency, renewals: &AtomicUsize, key: &str, body: Duration) -> usize {
         let before = renewals.load(Ordering::SeqCst);
         let call = Call::new(key).ttl(Duration::from_millis(900));
-        let r: Result<(), Error> = idem.run(call, || async move { Ok(tokio::time::sleep(body).await) }).await;
+        let r: Result<(), Error> = idem
+            .run(call, || async move {
+                tokio::time::sleep(body).await;
+                Ok(())
+            })
+            .await;
         r.unwrap();
         renewals.load(Ordering::SeqCst) - before
     }
