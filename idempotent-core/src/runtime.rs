@@ -325,8 +325,7 @@ impl Idempotency {
             Driven::Finished(caught.await)
         };
         // The lease as last renewed bounds the commit's retries.
-        let lease_end = registration.lease_end().unwrap_or(held.sent + held.lease);
-        drop(registration);
+        let lease_end = registration.finish().unwrap_or(held.sent + held.lease);
         match driven {
             Driven::Lost(reason) => {
                 // Released in the background: the store may be what failed, and the caller

@@ -131,11 +131,10 @@ impl Leases {
         self.slots.get_mut(index as usize).filter(|s| s.0 == generation && s.1.is_some())
     }
 
-    fn remove(&mut self, id: u64) {
-        if let Some(slot) = self.slot(id) {
-            slot.1 = None;
-            self.free.push(id as u32);
-        }
+    fn remove(&mut self, id: u64) -> Option<Entry> {
+        let entry = self.slot(id)?.1.take();
+        self.free.push(id as u32);
+        entry
     }
 
     fn get_mut(&mut self, id: u64) -> Option<&mut Entry> {
@@ -155,23 +154,28 @@ impl Leases {
     }
 }
 
-/// One call's registration; deregisters when dropped.
+/// One call's registration; deregisters when finished or dropped.
 pub(crate) struct Registration {
     shared: Arc<Shared>,
     id: u64,
+    finished: bool,
 }
 
 impl Registration {
-    /// When the lease runs out unless renewed again: the last confirmed renewal (or the
-    /// acquire) was sent at that time minus the lease.
-    pub(crate) fn lease_end(&self) -> Option<Instant> {
-        self.shared.lock().leases.get_mut(self.id).map(|e| e.last_sent + e.lease)
+    /// Deregisters, and tells when the lease runs out unless renewed again: the last confirmed
+    /// renewal (or the acquire) was sent at that time minus the lease.
+    pub(crate) fn finish(mut self) -> Option<Instant> {
+        self.finished = true;
+        let entry = self.shared.lock().leases.remove(self.id);
+        entry.map(|e| e.last_sent + e.lease)
     }
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        self.shared.lock().leases.remove(self.id);
+        if !self.finished {
+            self.shared.lock().leases.remove(self.id);
+        }
     }
 }
 
@@ -228,7 +232,7 @@ impl Watchdog {
         } else if wake {
             self.shared.wake.notify_one();
         }
-        Registration { shared: self.shared.clone(), id }
+        Registration { shared: self.shared.clone(), id, finished: false }
     }
 }
 
@@ -389,30 +393,30 @@ mod renewal_tests {
 
     use super::*;
     use crate::store::memory::MemoryStore;
-    use crate::store::{AcquireOutcome, AcquireRequest, BoxFuture, CommitRequest, Transition, Watcher};
+    use crate::store::{AcquireOutcome, AcquireRequest, CommitRequest, StoreFuture, Transition, Watcher};
     use crate::{Call, Error, Idempotency};
 
     /// A `MemoryStore` that counts its renewal calls.
     struct Counting(MemoryStore, Arc<AtomicUsize>);
 
     impl Store for Counting {
-        fn acquire<'a>(&'a self, r: AcquireRequest<'a>) -> BoxFuture<'a, Result<AcquireOutcome, StoreError>> {
+        fn acquire<'a>(&'a self, r: AcquireRequest<'a>) -> StoreFuture<'a, Result<AcquireOutcome, StoreError>> {
             self.0.acquire(r)
         }
-        fn renew<'a>(&'a self, leases: &'a [Lease<'a>]) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
+        fn renew<'a>(&'a self, leases: &'a [Lease<'a>]) -> StoreFuture<'a, Result<Vec<bool>, StoreError>> {
             self.1.fetch_add(1, Ordering::SeqCst);
             self.0.renew(leases)
         }
-        fn commit<'a>(&'a self, r: CommitRequest<'a>) -> BoxFuture<'a, Result<Transition, StoreError>> {
+        fn commit<'a>(&'a self, r: CommitRequest<'a>) -> StoreFuture<'a, Result<Transition, StoreError>> {
             self.0.commit(r)
         }
-        fn release<'a>(&'a self, key: &'a str, owner: &'a str) -> BoxFuture<'a, Result<Transition, StoreError>> {
+        fn release<'a>(&'a self, key: &'a str, owner: &'a str) -> StoreFuture<'a, Result<Transition, StoreError>> {
             self.0.release(key, owner)
         }
-        fn issue_token<'a>(&'a self, key: &'a str, ttl: Duration) -> BoxFuture<'a, Result<bool, StoreError>> {
+        fn issue_token<'a>(&'a self, key: &'a str, ttl: Duration) -> StoreFuture<'a, Result<bool, StoreError>> {
             self.0.issue_token(key, ttl)
         }
-        fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Watcher, StoreError>> {
+        fn watch<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Result<Watcher, StoreError>> {
             self.0.watch(key)
         }
     }

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use super::channels::Channels;
 use super::expiry::Expiries;
-use super::{AcquireOutcome, AcquireRequest, BoxFuture, CommitRequest, Lease, Mode, Store, Transition, Watcher};
+use super::{AcquireOutcome, AcquireRequest, CommitRequest, Lease, Mode, Store, StoreFuture, Transition, Watcher};
 use crate::error::StoreError;
 
 /// How many expired records a write removes at most, besides its own key.
@@ -436,28 +436,28 @@ impl State {
 }
 
 impl Store for MemoryStore {
-    fn acquire<'a>(&'a self, request: AcquireRequest<'a>) -> BoxFuture<'a, Result<AcquireOutcome, StoreError>> {
-        Box::pin(std::future::ready(Ok(self.acquire_now(request))))
+    fn acquire<'a>(&'a self, request: AcquireRequest<'a>) -> StoreFuture<'a, Result<AcquireOutcome, StoreError>> {
+        StoreFuture::ready(Ok(self.acquire_now(request)))
     }
 
-    fn renew<'a>(&'a self, leases: &'a [Lease<'a>]) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
-        Box::pin(std::future::ready(Ok(self.renew_now(leases))))
+    fn renew<'a>(&'a self, leases: &'a [Lease<'a>]) -> StoreFuture<'a, Result<Vec<bool>, StoreError>> {
+        StoreFuture::ready(Ok(self.renew_now(leases)))
     }
 
-    fn commit<'a>(&'a self, request: CommitRequest<'a>) -> BoxFuture<'a, Result<Transition, StoreError>> {
-        Box::pin(std::future::ready(Ok(self.commit_now(request))))
+    fn commit<'a>(&'a self, request: CommitRequest<'a>) -> StoreFuture<'a, Result<Transition, StoreError>> {
+        StoreFuture::ready(Ok(self.commit_now(request)))
     }
 
-    fn release<'a>(&'a self, key: &'a str, owner: &'a str) -> BoxFuture<'a, Result<Transition, StoreError>> {
-        Box::pin(std::future::ready(Ok(self.release_now(key, owner))))
+    fn release<'a>(&'a self, key: &'a str, owner: &'a str) -> StoreFuture<'a, Result<Transition, StoreError>> {
+        StoreFuture::ready(Ok(self.release_now(key, owner)))
     }
 
-    fn issue_token<'a>(&'a self, key: &'a str, ttl: Duration) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(std::future::ready(Ok(self.issue_now(key, ttl))))
+    fn issue_token<'a>(&'a self, key: &'a str, ttl: Duration) -> StoreFuture<'a, Result<bool, StoreError>> {
+        StoreFuture::ready(Ok(self.issue_now(key, ttl)))
     }
 
-    fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Watcher, StoreError>> {
-        Box::pin(std::future::ready(Ok(self.watch_now(key))))
+    fn watch<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Result<Watcher, StoreError>> {
+        StoreFuture::ready(Ok(self.watch_now(key)))
     }
 }
 

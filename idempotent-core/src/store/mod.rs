@@ -14,8 +14,6 @@
 //! safe to repeat for the same owner: a client may re-send a command whose reply was lost.
 
 use std::any::Any;
-use std::future::Future;
-use std::pin::Pin;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -24,12 +22,12 @@ use crate::error::StoreError;
 
 mod channels;
 mod expiry;
+mod future;
 pub mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
 
-/// A boxed future, so that [`Store`] stays object-safe.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+pub use future::{BoxFuture, StoreFuture};
 
 /// Parameter mode (the key comes from the call's arguments) or token mode (the key is a
 /// one-time token issued beforehand).
@@ -148,34 +146,37 @@ pub struct Lease<'a> {
 /// and must check the owner id where it says so; each must give the same answer when repeated
 /// by the same owner (a client may re-send a command whose reply was lost), and none may wait
 /// unboundedly: return a [`StoreError`] of kind `Timeout` instead.
+///
+/// Each method returns a [`StoreFuture`]: `StoreFuture::ready(answer)` when the store has the
+/// answer at once (no allocation), `StoreFuture::new(async move { .. })` when it must wait.
 pub trait Store: Send + Sync + 'static {
     /// Absent → IN_PROGRESS held by `owner` with a lease (parameter mode), or ISSUED →
     /// IN_PROGRESS (token mode; a token whose holder's lease ran out counts as ISSUED).
     /// IN_PROGRESS already held by `owner` → `Acquired` with the same fence. Anything else is
     /// reported as found, unchanged (except that `will_wait` marks the record as watched).
-    fn acquire<'a>(&'a self, request: AcquireRequest<'a>) -> BoxFuture<'a, Result<AcquireOutcome, StoreError>>;
+    fn acquire<'a>(&'a self, request: AcquireRequest<'a>) -> StoreFuture<'a, Result<AcquireOutcome, StoreError>>;
 
     /// Extends each lease whose owner still holds the key; returns, per lease, whether it did.
-    fn renew<'a>(&'a self, leases: &'a [Lease<'a>]) -> BoxFuture<'a, Result<Vec<bool>, StoreError>>;
+    fn renew<'a>(&'a self, leases: &'a [Lease<'a>]) -> StoreFuture<'a, Result<Vec<bool>, StoreError>>;
 
     /// IN_PROGRESS held by `owner` → COMPLETED with the result, kept for `keep` (deleted when
     /// zero). When the key is absent (the lease ran out and nobody took it) the result is
     /// recorded anyway. COMPLETED with this acquisition's `fence` already (a repeated commit)
     /// → `Done`. Held by another owner, or completed by another acquisition → `Lost`. Notifies
     /// watchers.
-    fn commit<'a>(&'a self, request: CommitRequest<'a>) -> BoxFuture<'a, Result<Transition, StoreError>>;
+    fn commit<'a>(&'a self, request: CommitRequest<'a>) -> StoreFuture<'a, Result<Transition, StoreError>>;
 
     /// IN_PROGRESS held by `owner` → absent (parameter mode) or ISSUED (token mode, until the
     /// token expires). Absent or ISSUED → `Done`. Held or completed by another owner → `Lost`.
     /// Notifies watchers.
-    fn release<'a>(&'a self, key: &'a str, owner: &'a str) -> BoxFuture<'a, Result<Transition, StoreError>>;
+    fn release<'a>(&'a self, key: &'a str, owner: &'a str) -> StoreFuture<'a, Result<Transition, StoreError>>;
 
     /// Creates an ISSUED token record valid for `ttl`; `false` if the key exists already.
-    fn issue_token<'a>(&'a self, key: &'a str, ttl: Duration) -> BoxFuture<'a, Result<bool, StoreError>>;
+    fn issue_token<'a>(&'a self, key: &'a str, ttl: Duration) -> StoreFuture<'a, Result<bool, StoreError>>;
 
     /// A watcher woken when the key's record is committed or released. It must be in place
     /// before this returns, so that a change made after `watch` returns wakes it.
-    fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Watcher, StoreError>>;
+    fn watch<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Result<Watcher, StoreError>>;
 }
 
 /// Wakes a waiting caller when a key it watches changes; see [`Store::watch`].

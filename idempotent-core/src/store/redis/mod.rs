@@ -14,7 +14,7 @@ use fred::prelude::*;
 use fred::types::{CustomCommand, Expiration, SetOptions};
 use tokio::sync::OnceCell;
 
-use super::{AcquireOutcome, AcquireRequest, BoxFuture, CommitRequest, Lease, Mode, Store, Transition, Watcher};
+use super::{AcquireOutcome, AcquireRequest, CommitRequest, Lease, Mode, Store, StoreFuture, Transition, Watcher};
 use crate::error::{StoreError, StoreErrorKind};
 
 mod clock;
@@ -531,28 +531,28 @@ fn millis(d: Duration) -> i64 {
 }
 
 impl Store for RedisStore {
-    fn acquire<'a>(&'a self, request: AcquireRequest<'a>) -> BoxFuture<'a, Result<AcquireOutcome, StoreError>> {
-        Box::pin(self.acquire_inner(request))
+    fn acquire<'a>(&'a self, request: AcquireRequest<'a>) -> StoreFuture<'a, Result<AcquireOutcome, StoreError>> {
+        StoreFuture::new(self.acquire_inner(request))
     }
 
-    fn renew<'a>(&'a self, leases: &'a [Lease<'a>]) -> BoxFuture<'a, Result<Vec<bool>, StoreError>> {
-        Box::pin(self.renew_inner(leases))
+    fn renew<'a>(&'a self, leases: &'a [Lease<'a>]) -> StoreFuture<'a, Result<Vec<bool>, StoreError>> {
+        StoreFuture::new(self.renew_inner(leases))
     }
 
-    fn commit<'a>(&'a self, request: CommitRequest<'a>) -> BoxFuture<'a, Result<Transition, StoreError>> {
-        Box::pin(self.commit_inner(request))
+    fn commit<'a>(&'a self, request: CommitRequest<'a>) -> StoreFuture<'a, Result<Transition, StoreError>> {
+        StoreFuture::new(self.commit_inner(request))
     }
 
-    fn release<'a>(&'a self, key: &'a str, owner: &'a str) -> BoxFuture<'a, Result<Transition, StoreError>> {
-        Box::pin(self.release_inner(key, owner))
+    fn release<'a>(&'a self, key: &'a str, owner: &'a str) -> StoreFuture<'a, Result<Transition, StoreError>> {
+        StoreFuture::new(self.release_inner(key, owner))
     }
 
-    fn issue_token<'a>(&'a self, key: &'a str, ttl: Duration) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(self.issue_inner(key, ttl))
+    fn issue_token<'a>(&'a self, key: &'a str, ttl: Duration) -> StoreFuture<'a, Result<bool, StoreError>> {
+        StoreFuture::new(self.issue_inner(key, ttl))
     }
 
-    fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Watcher, StoreError>> {
-        Box::pin(self.watch_inner(key))
+    fn watch<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Result<Watcher, StoreError>> {
+        StoreFuture::new(self.watch_inner(key))
     }
 }
 
