@@ -6,14 +6,16 @@
 -- ARGV[1]  owner id
 -- ARGV[2]  keep: how long the completed record lives, in milliseconds (0: delete it now)
 -- ARGV[3]  fencing token of the acquisition
--- ARGV[4]  the exact record the acquisition wrote, when the caller knows it ('' otherwise)
+-- ARGV[4]  the record a parameter-mode acquisition by this owner writes (see record.rs)
 -- ARGV[5]  the completed record to write (built by the caller: see lib.lua)
 -- Returns {'ok'}, {'lost'} (another owner holds or completed the key), or {'corrupt', reason}
 
 -- Fast path, before the helpers are even defined: the key still holds exactly what this
--- owner's acquisition wrote (so it is held by this owner and nobody waits on it).
+-- owner's acquisition wrote (so it is held by this owner and nobody waits on it). Otherwise
+-- (token mode, a waiter marked the record, the lease was lost) the full path below decodes
+-- what was read here.
 local current = redis.pcall('GET', KEYS[1])
-if ARGV[4] ~= '' and current == ARGV[4] then
+if current == ARGV[4] then
   if tonumber(ARGV[2]) > 0 then
     redis.call('SET', KEYS[1], ARGV[5], 'PX', ARGV[2])
   else
@@ -23,7 +25,7 @@ if ARGV[4] ~= '' and current == ARGV[4] then
 end
 -- @lib
 local key, owner, keep = KEYS[1], ARGV[1], tonumber(ARGV[2])
-local rec, why = load(key)
+local rec, why = load(key, current)
 if rec == false then
   return { 'corrupt', why }
 end

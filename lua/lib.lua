@@ -55,9 +55,13 @@ local function decode(v)
 end
 
 -- The record at `key`: nil when absent, false plus a reason when the key holds something that
--- is not an idempotency record, otherwise a table of its fields ('' for empty ones).
-local function load(key)
-  local v = redis.pcall('GET', key)
+-- is not an idempotency record, otherwise a table of its fields ('' for empty ones). `got` is
+-- the key's `redis.pcall('GET', key)` when the script has read it already.
+local function load(key, got)
+  local v = got
+  if v == nil then
+    v = redis.pcall('GET', key)
+  end
   if type(v) == 'table' and v.err then
     return false, 'holds a Redis ' .. redis.call('TYPE', key)['ok'] .. ', not an idempotency record'
   end

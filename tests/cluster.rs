@@ -13,7 +13,7 @@ use std::time::Duration;
 use idempotent::{Call, CallContext, Error, Idempotency, RedisStore, StoreErrorKind};
 use serde::{Deserialize, Serialize};
 use support::cluster::{slot_of, RedisCluster};
-use support::{churn_key, churn_through_fault, ms, unique_prefix, AppError, R};
+use support::{churn_key, churn_through_fault, eventually, ms, unique_prefix, AppError, R};
 use tokio::time::Instant;
 
 async fn store(cluster: &RedisCluster, prefix: &str, timeout: Duration) -> RedisStore {
@@ -279,25 +279,23 @@ async fn slot_migrated_mid_run_follows_ask_and_moved() {
     // After the move every key answers, through retryable errors and conflicts with calls whose
     // reply was lost (released behind them), within 10 s.
     let after = Instant::now();
+    let transient = std::sync::Mutex::new(transient);
     for i in 0..m.keys.len() {
-        loop {
+        let answered = eventually(Duration::from_secs(10), "every key to answer after the move", || async {
             match m.call(i).await {
-                Ok(v) if v == m.done(i) => break,
-                Err(AppError::Idem(Error::Conflict { .. })) if after.elapsed() < Duration::from_secs(10) => {
-                    tokio::time::sleep(ms(50)).await
+                Ok(v) if v == m.done(i) => Some(Ok(())),
+                Err(AppError::Idem(Error::Conflict { .. })) => None,
+                Err(AppError::Idem(Error::Store { source, .. })) if retryable(&source) => {
+                    transient.lock().unwrap().push(format!("after the move, {}: {source}", m.keys[i]));
+                    None
                 }
-                Err(AppError::Idem(Error::Store { source, .. }))
-                    if retryable(&source) && after.elapsed() < Duration::from_secs(10) =>
-                {
-                    transient.push(format!("after the move, {}: {source}", m.keys[i]))
-                }
-                other => {
-                    failures.push(format!("after the move, {} ({:?}): {other:?}", m.keys[i], after.elapsed()));
-                    break;
-                }
+                other => Some(Err(format!("after the move, {} ({:?}): {other:?}", m.keys[i], after.elapsed()))),
             }
-        }
+        })
+        .await;
+        failures.extend(answered.err());
     }
+    let transient = transient.into_inner().unwrap();
     let recovered_in = after.elapsed();
     assert!(failures.is_empty(), "{} calls failed during or after the move:\n{}", failures.len(), failures.join("\n"));
     m.assert_each_ran_once();
