@@ -25,9 +25,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use idempotent::store::redis::fred::prelude::*;
-use idempotent::store::{AcquireOutcome, AcquireRequest, CommitRequest, Transition};
-use idempotent::{Call, Error, Idempotency, MemoryStore, Mode, RedisStore, Store};
+use idempotency::store::redis::fred::prelude::*;
+use idempotency::store::{AcquireOutcome, AcquireRequest, CommitRequest, Transition};
+use idempotency::{Call, Error, Idempotency, MemoryStore, Mode, RedisStore, Store};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
@@ -498,7 +498,7 @@ async fn check_round_trips(idem: &Idempotency, client: &Client) -> Vec<(&'static
     complete_keys(idem, "warm:", 1).await;
     let _: R<()> = idem.run(Call::new("warm:err"), || async { Err(Error::Conflict { key: String::new() }) }).await;
     let top = TopLevel::start(client).await;
-    let records = format!("{}:", idempotent::store::redis::DEFAULT_PREFIX);
+    let records = format!("{}:", idempotency::store::redis::DEFAULT_PREFIX);
     let mut out = Vec::new();
 
     let (n, scripts) = top.count(&records, complete_keys(idem, "rt-first:", N)).await;
@@ -675,7 +675,7 @@ async fn wait_latency(holder: &Idempotency, waiter: &Idempotency, rounds: u32) -
         let w = waiter.clone();
         let waiting = tokio::spawn(async move {
             let r: R<u32> = w
-                .run(Call::new(key).on_conflict(idempotent::OnConflict::Wait(Duration::from_secs(5))), || async {
+                .run(Call::new(key).on_conflict(idempotency::OnConflict::Wait(Duration::from_secs(5))), || async {
                     Ok(0)
                 })
                 .await;

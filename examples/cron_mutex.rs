@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idempotent::{idempotent, Error, Idempotency, MemoryStore, RedisStore, Store};
+use idempotency::{idempotent, Error, Idempotency, MemoryStore, RedisStore, Store};
 
 /// The service's error type: it takes the library's errors in.
 #[derive(Debug)]

@@ -11,7 +11,7 @@ mod common;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use idempotent::{idempotent, Error};
+use idempotency::{idempotent, Error};
 use serde::{Deserialize, Serialize};
 
 /// The service's error type: it takes the library's errors in.
@@ -80,8 +80,8 @@ fn show(r: &Result<Order, AppError>) -> String {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let idem = common::runtime("order_submit").await?;
-    idempotent::init(idem).expect("initialized once, at start-up");
-    let page_token = || idempotent::global().issue_token(Duration::from_secs(600));
+    idempotency::init(idem).expect("initialized once, at start-up");
+    let page_token = || idempotency::global().issue_token(Duration::from_secs(600));
 
     let order = NewOrder { item: "teapot".into(), qty: 1, card: "4242-4242-4242-4242".into() };
     let token = page_token().await?;

@@ -11,7 +11,7 @@ mod common;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use idempotent::{idempotent, Error};
+use idempotency::{idempotent, Error};
 use serde::{Deserialize, Serialize};
 
 /// The service's error type: it takes the library's errors in.
@@ -75,7 +75,7 @@ async fn on_payment_callback(cb: Callback) -> Result<Receipt, AppError> {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let idem = common::runtime("payment_callback").await?;
-    idempotent::init(idem).expect("initialized once, at start-up");
+    idempotency::init(idem).expect("initialized once, at start-up");
 
     // A fresh transaction id per run, so that a second run against the same Redis starts clean.
     let nanos = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos();

@@ -8,7 +8,7 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use idempotent::{Call, Error, Idempotency, MemoryStore};
+use idempotency::{Call, Error, Idempotency, MemoryStore};
 
 /// The service's error type: it must take the library's errors in.
 #[derive(Debug)]

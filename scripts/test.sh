@@ -20,6 +20,9 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps --quie
 echo "== cargo test"
 cargo test --workspace --all-features
 
+echo "== packaging: every crate packages and builds from its tarball; a crate outside the workspace runs on them"
+bash scripts/package-check.sh
+
 echo "== benchmark round-trip check (exact counts from Redis, not timings)"
 cargo run --quiet --release --example bench -- --check
 echo "== all green"

@@ -7,7 +7,7 @@
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
-//! use idempotent::{Call, Error, Idempotency, MemoryStore};
+//! use idempotency::{Call, Error, Idempotency, MemoryStore};
 //!
 //! let idem = Idempotency::new(MemoryStore::new());
 //! let first: Result<String, Error> = idem.run(Call::new("k"), || async { Ok("ran".into()) }).await;
@@ -33,7 +33,7 @@ pub mod __private {
     /// The return types an `#[idempotent]` function may have.
     #[diagnostic::on_unimplemented(
         message = "an `#[idempotent]` function must return `Result<T, E>`, not `{Self}`",
-        label = "expected `Result<T, E>` with `T: Serialize + DeserializeOwned` and `E: From<idempotent::Error>`",
+        label = "expected `Result<T, E>` with `T: Serialize + DeserializeOwned` and `E: From<idempotency::Error>`",
         note = "the `Ok` value is stored and replayed (serde); the error type takes the library's errors (conflict, duplicate, store failure...)"
     )]
     pub trait IdempotentReturn {}
@@ -44,3 +44,8 @@ pub mod __private {
     #[inline(always)]
     pub fn check_return<R: IdempotentReturn>() {}
 }
+
+/// The HTTP layer (feature `axum`): the `Idempotency-Key` header and one-time form tokens as a
+/// tower layer for axum. See [`idempotent_http`].
+#[cfg(feature = "axum")]
+pub use idempotent_http as http;

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 
-use idempotent::{Call, CallContext, Error, Idempotency, RedisStore, StoreErrorKind};
+use idempotency::{Call, CallContext, Error, Idempotency, RedisStore, StoreErrorKind};
 use serde::{Deserialize, Serialize};
 use support::cluster::{slot_of, RedisCluster};
 use support::{churn_key, churn_through_fault, eventually, ms, unique_prefix, AppError, R};
@@ -315,7 +315,7 @@ async fn slot_migrated_mid_run_follows_ask_and_moved() {
 }
 
 /// A store error a caller can retry: Redis unreachable for the moment, or no answer in time.
-fn retryable(e: &idempotent::StoreError) -> bool {
+fn retryable(e: &idempotency::StoreError) -> bool {
     matches!(e.kind(), StoreErrorKind::Unavailable | StoreErrorKind::Timeout)
 }
 

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use idempotent::{global, init, Call, Error, Idempotency, MemoryStore};
+use idempotency::{global, init, Call, Error, Idempotency, MemoryStore};
 
 #[tokio::test]
 async fn calls_before_init_fail_cleanly_then_work() {

@@ -8,7 +8,7 @@ mod support;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;
 
-use idempotent::{idempotent, Error, Idempotency};
+use idempotency::{idempotent, Error, Idempotency};
 use serde::{Deserialize, Serialize};
 use support::{ms, AppError, Backend, Fixture, R};
 
@@ -308,7 +308,7 @@ struct Order {
 #[idempotent(key = "{order.customer.region}/{order.customer.id}/{order.lines.0}-{{{n}}}", store = idem)]
 async fn ship(idem: &Idempotency, runs: &AtomicUsize, order: &Order, n: &&u8) -> R<String> {
     ran(runs);
-    Ok(idempotent::CallContext::current().unwrap().key().to_owned())
+    Ok(idempotency::CallContext::current().unwrap().key().to_owned())
 }
 
 async fn nested_fields_and_references_in_the_key(backend: Backend) {
@@ -439,7 +439,7 @@ async fn keep_zero_makes_a_mutex(backend: Backend) {
 }
 
 mod renamed {
-    pub use idempotent as idem_lib;
+    pub use idempotency as idem_lib;
 }
 
 #[idempotent(key = "{id}", crate = renamed::idem_lib, store = idem)]
@@ -461,5 +461,5 @@ async fn renamed_crate_path(backend: Backend) {
 /// that must stay the runtime's own minimum.
 #[test]
 fn the_attribute_uses_the_runtimes_minimum_lease() {
-    assert_eq!(idempotent::MIN_LEASE, Duration::from_millis(10));
+    assert_eq!(idempotency::MIN_LEASE, Duration::from_millis(10));
 }

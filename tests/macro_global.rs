@@ -1,10 +1,10 @@
 //! The attribute without `store`: calls go through the global runtime, fail with
-//! `NotConfigured` before `idempotent::init`, and run once per key after it. (One test in its own
+//! `NotConfigured` before `idempotency::init`, and run once per key after it. (One test in its own
 //! binary: the global runtime is set once per process.)
 
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 
-use idempotent::{idempotent, Error, Idempotency, MemoryStore};
+use idempotency::{idempotent, Error, Idempotency, MemoryStore};
 
 #[derive(Debug)]
 enum AppError {
@@ -35,7 +35,7 @@ async fn global_runtime_is_the_default_store() {
     }
     assert_eq!(RUNS.load(SeqCst), 0, "the body ran without a runtime");
 
-    idempotent::init(Idempotency::new(MemoryStore::new())).unwrap();
+    idempotency::init(Idempotency::new(MemoryStore::new())).unwrap();
     assert_eq!(send_welcome_email(1).await.unwrap(), "email #1 to user 1");
     assert_eq!(send_welcome_email(1).await.unwrap(), "email #1 to user 1");
     assert_eq!(send_welcome_email(2).await.unwrap(), "email #2 to user 2");

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idempotent::{Call, CallContext, Error, Idempotency, OnConflict, RedisStore};
+use idempotency::{Call, CallContext, Error, Idempotency, OnConflict, RedisStore};
 use support::proxy::{CutAt, Direction, Proxy};
 use support::{counter, eventually, ms, AppError, Monitor, RedisServer, R};
 use tokio::time::Instant;

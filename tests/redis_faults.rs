@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 
-use idempotent::{Call, CallContext, Error, Idempotency, RedisStore, StoreErrorKind};
+use idempotency::{Call, CallContext, Error, Idempotency, RedisStore, StoreErrorKind};
 use support::{eventually, ms, AppError, RedisServer, R};
 use tokio::time::Instant;
 
@@ -184,7 +184,7 @@ async fn client_kill_is_transparent_and_keeps_leases() {
         async move {
             idem.run(Call::new("killed-conns").ttl(ms(900)), || async move {
                 tokio::time::sleep(ms(2500)).await;
-                l.store(idempotent::CallContext::current().unwrap().is_lease_lost(), SeqCst);
+                l.store(idempotency::CallContext::current().unwrap().is_lease_lost(), SeqCst);
                 R::Ok(7u8)
             })
             .await

@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 
-use idempotent::store::{AcquireOutcome, AcquireRequest, CommitRequest, Lease, Transition};
-use idempotent::{Call, CallContext, Error, Idempotency, Mode, OnConflict, OnDuplicate};
+use idempotency::store::{AcquireOutcome, AcquireRequest, CommitRequest, Lease, Transition};
+use idempotency::{Call, CallContext, Error, Idempotency, Mode, OnConflict, OnDuplicate};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use support::{counter, eventually, ms, AppError, Backend, Fixture, R};

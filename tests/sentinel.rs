@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 
-use idempotent::{Call, Idempotency, RedisStore};
+use idempotency::{Call, Idempotency, RedisStore};
 use support::sentinel::SentinelGroup;
 use support::{churn_key, churn_through_fault, command_at, ms, unique_prefix, R};
 

@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idempotent::store::{AcquireOutcome, AcquireRequest};
-use idempotent::{Call, CallContext, Error, Idempotency, MemoryStore, Mode, OnConflict, RedisStore, Store};
+use idempotency::store::{AcquireOutcome, AcquireRequest};
+use idempotency::{Call, CallContext, Error, Idempotency, MemoryStore, Mode, OnConflict, RedisStore, Store};
 use support::proxy::{Direction, Proxy};
 use support::{ms, AppError, RedisServer, R};
 use tokio::time::Instant;

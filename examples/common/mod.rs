@@ -2,7 +2,7 @@
 //! with `--redis URL`).
 #![allow(dead_code)]
 
-use idempotent::{Idempotency, MemoryStore, RedisStore, StoreError};
+use idempotency::{Idempotency, MemoryStore, RedisStore, StoreError};
 
 /// `Some(url)` with `--redis URL` (or `--redis=URL`), `None` without arguments; anything else
 /// prints the usage of `example` and exits.

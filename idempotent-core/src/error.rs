@@ -7,7 +7,7 @@ use std::time::Duration;
 ///
 /// Every variant names the key it is about (the full key: scope and key, see
 /// [`Call`](crate::Call)); [`Error::key`] returns it. The function wrapped by the runtime returns
-/// its own error type, which must implement `From<idempotent::Error>`.
+/// its own error type, which must implement `From<idempotency::Error>`.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -80,7 +80,7 @@ pub enum Error {
         reason: String,
     },
     /// No runtime was set with [`init`](crate::init) before a call through the global instance.
-    #[error("key {}: no idempotency runtime is configured (call idempotent::init first)", shown(key))]
+    #[error("key {}: no idempotency runtime is configured (call idempotency::init first)", shown(key))]
     NotConfigured {
         /// The key.
         key: String,

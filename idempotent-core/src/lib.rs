@@ -1,4 +1,4 @@
-//! The runtime of [`idempotent`](https://docs.rs/idempotent): a per-key state machine that lets
+//! The runtime of [`idempotency`](https://docs.rs/idempotency): a per-key state machine that lets
 //! an async function run once per key, however many times it is called.
 //!
 //! ```text

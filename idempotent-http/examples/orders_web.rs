@@ -26,7 +26,7 @@ use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use idempotent::{Idempotency, MemoryStore, RedisStore};
+use idempotency::{Idempotency, MemoryStore, RedisStore};
 use idempotent_http::IdempotencyLayer;
 use serde::{Deserialize, Serialize};
 

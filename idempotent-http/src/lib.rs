@@ -1,4 +1,4 @@
-//! HTTP support for [`idempotent`](https://docs.rs/idempotent): a tower layer speaking the
+//! HTTP support for [`idempotency`](https://docs.rs/idempotency): a tower layer speaking the
 //! `Idempotency-Key` header (IETF draft "The Idempotency-Key HTTP Header Field"), and one-time
 //! tokens for forms, on the runtime's per-key state machine ([`idempotent_core::Idempotency`]).
 //!

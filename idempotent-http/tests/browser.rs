@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use fantoccini::actions::{InputSource, MouseActions, PointerAction, MOUSE_BUTTON_LEFT};
 use fantoccini::{Client, ClientBuilder, Locator};
-use idempotent::{Idempotency, MemoryStore};
+use idempotency::{Idempotency, MemoryStore};
 use serde_json::{json, Value};
 
 const INSTALL_HINT: &str = "run `bash scripts/install-browser.sh` (installs Debian's chromium and chromium-driver)";

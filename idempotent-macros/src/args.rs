@@ -157,7 +157,7 @@ fn value<T: Parse>(input: ParseStream, name: &Ident) -> syn::Result<T> {
     input.parse()
 }
 
-/// The shortest lease the runtime accepts (`idempotent::MIN_LEASE`); a shorter `ttl` would only
+/// The shortest lease the runtime accepts (`idempotency::MIN_LEASE`); a shorter `ttl` would only
 /// fail at run time with `Error::InvalidCall`, so it is refused here.
 const MIN_LEASE: Duration = Duration::from_millis(10);
 

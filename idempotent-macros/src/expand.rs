@@ -131,7 +131,7 @@ fn rewrite(args: &Args, function: &ItemFn) -> syn::Result<TokenStream> {
     let ret = return_type.span();
     let krate = match &args.krate {
         Some(path) => path.to_token_stream(),
-        None => quote_spanned!(ret=> ::idempotent),
+        None => quote_spanned!(ret=> ::idempotency),
     };
     let private = quote!(#krate::__private);
 
@@ -208,7 +208,7 @@ fn rewrite(args: &Args, function: &ItemFn) -> syn::Result<TokenStream> {
 /// What an `#[idempotent]` function must return.
 fn return_type_message() -> &'static str {
     "an `#[idempotent]` function must return `Result<T, E>`, with `T: Serialize + DeserializeOwned` \
-     (the stored, replayed value) and `E: From<idempotent::Error>`"
+     (the stored, replayed value) and `E: From<idempotency::Error>`"
 }
 
 /// A duration as a `u64` literal of milliseconds (the parser caps durations at `u64::MAX` ms).
@@ -294,14 +294,14 @@ mod tests {
         println!("{out}");
         let expected = quote! {
             async fn on_payment_callback(cb: Callback) -> Result<Receipt, AppError> {
-                ::idempotent::__private::check_return::<Result<Receipt, AppError> >();
+                ::idempotency::__private::check_return::<Result<Receipt, AppError> >();
                 let __idem_key = ::std::format!("pay:{}:{}", cb.provider, cb.txn_id);
-                let __idem_call = ::idempotent::__private::Call::new(__idem_key)
+                let __idem_call = ::idempotency::__private::Call::new(__idem_key)
                     .scope(::core::concat!(::core::module_path!(), "::on_payment_callback"))
                     .ttl(::core::time::Duration::from_millis(30000u64))
                     .keep(::core::time::Duration::from_millis(86400000u64))
-                    .on_conflict(::idempotent::__private::OnConflict::Wait(::core::time::Duration::from_millis(5000u64)));
-                ::idempotent::__private::global().run(__idem_call, move || async move {
+                    .on_conflict(::idempotency::__private::OnConflict::Wait(::core::time::Duration::from_millis(5000u64)));
+                ::idempotency::__private::global().run(__idem_call, move || async move {
                     charge(&cb).await
                 }).await
             }

@@ -1,12 +1,12 @@
-//! The `#[idempotent(...)]` attribute of the [`idempotent`](https://docs.rs/idempotent) crate:
+//! The `#[idempotent(...)]` attribute of the [`idempotency`](https://docs.rs/idempotency) crate:
 //! it turns an `async fn` into one that runs at most once per key. Use it through the facade
-//! (`use idempotent::idempotent;`), not from this crate directly.
+//! (`use idempotency::idempotent;`), not from this crate directly.
 //!
 //! The attribute is thin: it builds a `Call` from the function's arguments and hands the
 //! original body to the runtime's public `run` method, exactly as a user could by hand.
 //!
 //! ```
-//! use idempotent::{idempotent, Error, Idempotency, MemoryStore};
+//! use idempotency::{idempotent, Error, Idempotency, MemoryStore};
 //! use serde::{Deserialize, Serialize};
 //!
 //! #[derive(Debug)]
@@ -40,7 +40,7 @@
 //!
 //! ```text
 //! let __idem_key = ::std::format!("pay:{}:{}", cb.provider, cb.txn_id);
-//! let __idem_call = ::idempotent::__private::Call::new(__idem_key)
+//! let __idem_call = ::idempotency::__private::Call::new(__idem_key)
 //!     .scope(concat!(module_path!(), "::on_payment_callback"))
 //!     .ttl(Duration::from_millis(30000)).keep(Duration::from_millis(86400000));
 //! (idem).run(__idem_call, move || async move { /* the original body */ }).await
@@ -59,14 +59,15 @@
 //! | `fingerprint = arg` or `(a, b)` | arguments hashed with the key: the same key with another payload is `Error::KeyReused` | none |
 //! | `scope = "..."` | the key space; the same scope on two functions shares keys | param mode: module path + function name; token mode: none |
 //! | `abort_on_lease_lost` | drop the body and fail with `Error::LeaseLost` when the lease is lost | off |
-//! | `store = expr` | what runs the call: an `Idempotency`, a `&Idempotency`, `idempotent::global()` | `idempotent::global()` |
-//! | `crate = path` | the path of the `idempotent` crate, when renamed | `::idempotent` |
+//! | `store = expr` | what runs the call: an `Idempotency`, a `&Idempotency`, `idempotency::global()` | `idempotency::global()` |
+//! | `crate = path` | the path of the `idempotency` crate, when renamed | `::idempotency` |
 //!
 //! Durations are `"500ms"`, `"30s"`, `"5m"`, `"24h"`, `"7d"` or an integer of seconds, checked
 //! at compile time. Every malformed attribute is a compile error on the offending token, and the
 //! function is still emitted beside it.
 
-#[path = "../../idempotent-core/src/duration.rs"]
+// A symlink to the runtime's parser (idempotent-core/src/duration.rs): one parser, packaged
+// with each crate.
 mod duration;
 
 mod args;
@@ -78,7 +79,7 @@ use proc_macro::TokenStream;
 /// Makes an `async fn` run at most once per key; see the [crate docs](crate) for the arguments.
 ///
 /// The function must return `Result<T, E>` where `T: Serialize + DeserializeOwned` (the value
-/// stored and replayed) and `E: From<idempotent::Error>` (the library's errors: conflict,
+/// stored and replayed) and `E: From<idempotency::Error>` (the library's errors: conflict,
 /// duplicate, store failure...). Its `Err` releases the key, so a retry runs the body again.
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {

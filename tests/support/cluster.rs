@@ -73,7 +73,7 @@ pub fn parse_nodes(text: &str) -> Vec<NodeInfo> {
 
 /// The hash slot of a Redis key (hash tags honoured), as the cluster computes it.
 pub fn slot_of(redis_key: &str) -> u16 {
-    idempotent::store::redis::fred::util::redis_keyslot(redis_key.as_bytes())
+    idempotency::store::redis::fred::util::redis_keyslot(redis_key.as_bytes())
 }
 
 /// Six `redis-server --cluster-enabled yes` nodes formed into one cluster.

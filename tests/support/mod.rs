@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use idempotent::{Idempotency, MemoryStore, RedisStore, Store};
+use idempotency::{Idempotency, MemoryStore, RedisStore, Store};
 
 pub use cluster::RedisCluster;
 pub use sentinel::SentinelGroup;
@@ -23,12 +23,12 @@ pub use sentinel::SentinelGroup;
 /// The error type of the tests' guarded functions: the library's errors, or the body's own.
 #[derive(Debug)]
 pub enum AppError {
-    Idem(idempotent::Error),
+    Idem(idempotency::Error),
     Failed(&'static str),
 }
 
-impl From<idempotent::Error> for AppError {
-    fn from(e: idempotent::Error) -> Self {
+impl From<idempotency::Error> for AppError {
+    fn from(e: idempotency::Error) -> Self {
         AppError::Idem(e)
     }
 }
@@ -494,7 +494,7 @@ impl Fixture {
     pub fn idem_with(
         &self,
         i: usize,
-        f: impl FnOnce(idempotent::IdempotencyBuilder) -> idempotent::IdempotencyBuilder,
+        f: impl FnOnce(idempotency::IdempotencyBuilder) -> idempotency::IdempotencyBuilder,
     ) -> Idempotency {
         f(Idempotency::builder_shared(self.store(i))).build()
     }
@@ -657,8 +657,8 @@ fn tracked(
 
 fn describe(e: AppError) -> String {
     match e {
-        AppError::Idem(idempotent::Error::Conflict { .. }) => "conflict".to_owned(),
-        AppError::Idem(idempotent::Error::Store { source, .. }) => format!("store {:?}: {source}", source.kind()),
+        AppError::Idem(idempotency::Error::Conflict { .. }) => "conflict".to_owned(),
+        AppError::Idem(idempotency::Error::Store { source, .. }) => format!("store {:?}: {source}", source.kind()),
         other => format!("unexpected {other:?}"),
     }
 }
@@ -682,7 +682,7 @@ impl Churn {
                         let key = Self::base_at(started) + n % CHURN_WINDOW;
                         let call_started = tokio::time::Instant::now();
                         let body = tracked(executions.clone(), key, ms(20 + (n % 60) as u64));
-                        let result = idem.run(idempotent::Call::new(churn_key(key)).ttl(lease), body).await;
+                        let result = idem.run(idempotency::Call::new(churn_key(key)).ttl(lease), body).await;
                         let result = result.map_err(describe);
                         let ended = tokio::time::Instant::now();
                         outcomes.lock().unwrap().push(Outcome { key, started: call_started, ended, result });
@@ -709,7 +709,7 @@ impl Churn {
         let key = (self.base()..).find(|&k| pick(k)).unwrap();
         eventually(limit, "calls to work again", || {
             let body = tracked(self.executions.clone(), key, Duration::ZERO);
-            let call = idempotent::Call::new(churn_key(key)).ttl(self.lease);
+            let call = idempotency::Call::new(churn_key(key)).ttl(self.lease);
             async move { client.run(call, body).await.ok() }
         })
         .await;
@@ -729,7 +729,7 @@ impl Churn {
         let mut final_values = std::collections::HashMap::new();
         for key in 0..used {
             let body = tracked(self.executions.clone(), key, Duration::ZERO);
-            match client.run(idempotent::Call::new(churn_key(key)).ttl(self.lease), body).await {
+            match client.run(idempotency::Call::new(churn_key(key)).ttl(self.lease), body).await {
                 Ok(v) => final_values.insert(key, v),
                 Err(e) => panic!("{} after every lease ran out: {e:?} (stuck past its lease?)", churn_key(key)),
             };

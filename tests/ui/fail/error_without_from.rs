@@ -1,6 +1,6 @@
-//! An error type without `From<idempotent::Error>` is an error on the return type.
+//! An error type without `From<idempotency::Error>` is an error on the return type.
 
-use idempotent::idempotent;
+use idempotency::idempotent;
 
 #[derive(Debug)]
 struct PlainError;

@@ -1,6 +1,6 @@
 //! A function without a return type is an error at its parameter list.
 
-use idempotent::idempotent;
+use idempotency::idempotent;
 
 #[idempotent(key = "{id}")]
 async fn f(id: u32) {

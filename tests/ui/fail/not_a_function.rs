@@ -1,6 +1,6 @@
 //! The attribute on something other than a function is an error; the item is still emitted.
 
-use idempotent::idempotent;
+use idempotency::idempotent;
 
 #[idempotent(key = "k")]
 struct Order;

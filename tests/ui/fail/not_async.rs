@@ -1,12 +1,12 @@
 //! The attribute on a function that is not async is an error on `fn`.
 
-use idempotent::idempotent;
+use idempotency::idempotent;
 
 #[derive(Debug)]
 struct AppError;
 
-impl From<idempotent::Error> for AppError {
-    fn from(_: idempotent::Error) -> Self {
+impl From<idempotency::Error> for AppError {
+    fn from(_: idempotency::Error) -> Self {
         AppError
     }
 }

@@ -1,6 +1,6 @@
 //! Every mistake in the function is reported at once, each on its own token.
 
-use idempotent::idempotent;
+use idempotency::idempotent;
 
 #[idempotent(key = "{user}", fingerprint = payload)]
 fn f(id: u32) -> Result<u32, String> {

@@ -1,13 +1,13 @@
 //! A `store` whose value has no `run` method is an error naming its type (on the return type,
 //! where every error the call of `run` finds is reported).
 
-use idempotent::idempotent;
+use idempotency::idempotent;
 
 #[derive(Debug)]
 struct AppError;
 
-impl From<idempotent::Error> for AppError {
-    fn from(_: idempotent::Error) -> Self {
+impl From<idempotency::Error> for AppError {
+    fn from(_: idempotency::Error) -> Self {
         AppError
     }
 }

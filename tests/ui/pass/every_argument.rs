@@ -1,6 +1,6 @@
 //! Every argument of the attribute, on the global runtime, compiles and runs.
 
-use idempotent::{idempotent, Error, Idempotency, MemoryStore};
+use idempotency::{idempotent, Error, Idempotency, MemoryStore};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug)]
@@ -28,8 +28,8 @@ pub struct Callback {
     fingerprint = cb,
     scope = "payments",
     abort_on_lease_lost,
-    store = idempotent::global(),
-    crate = ::idempotent,
+    store = idempotency::global(),
+    crate = ::idempotency,
 )]
 async fn on_callback(cb: Callback) -> Result<String, AppError> {
     Ok(format!("receipt for {}", cb.txn_id))
@@ -44,10 +44,10 @@ async fn submit(token: &str, qty: u32) -> Result<u32, AppError> {
 async fn main() {
     let cb = || Callback { provider: "acme".into(), txn_id: 1 };
     assert!(matches!(on_callback(cb()).await, Err(AppError(Error::NotConfigured { .. }))));
-    idempotent::init(Idempotency::new(MemoryStore::new())).unwrap();
+    idempotency::init(Idempotency::new(MemoryStore::new())).unwrap();
     assert_eq!(on_callback(cb()).await.unwrap(), "receipt for 1");
     assert_eq!(on_callback(cb()).await.unwrap(), "receipt for 1");
-    let token = idempotent::global().issue_token(std::time::Duration::from_secs(10)).await.unwrap();
+    let token = idempotency::global().issue_token(std::time::Duration::from_secs(10)).await.unwrap();
     assert_eq!(submit(&token, 3).await.unwrap(), 3);
     assert!(matches!(submit(&token, 3).await, Err(AppError(Error::Duplicate { .. }))));
 }

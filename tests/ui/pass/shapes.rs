@@ -4,7 +4,7 @@
 
 use std::fmt::Display;
 
-use idempotent::{idempotent, Idempotency, MemoryStore};
+use idempotency::{idempotent, Idempotency, MemoryStore};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 

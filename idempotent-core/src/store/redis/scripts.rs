@@ -6,7 +6,7 @@ use fred::prelude::*;
 use fred::types::scripts::Script;
 use once_cell::sync::Lazy;
 
-const LIB: &str = include_str!("../../../../lua/lib.lua");
+const LIB: &str = include_str!("../../../lua/lib.lua");
 
 /// The marker line where a script wants the helpers (a fast path before it skips defining
 /// them); without one they go first.
@@ -22,7 +22,7 @@ fn with_lib(script: &str) -> String {
 
 macro_rules! lua {
     ($file:literal) => {
-        Lazy::new(|| Script::from_lua(with_lib(include_str!(concat!("../../../../lua/", $file)))))
+        Lazy::new(|| Script::from_lua(with_lib(include_str!(concat!("../../../lua/", $file)))))
     };
 }
 

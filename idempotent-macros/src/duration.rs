@@ -1,0 +1,1 @@
+../../idempotent-core/src/duration.rs
