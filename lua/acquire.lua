@@ -22,6 +22,11 @@ if rec == false then
   return { 'corrupt', why }
 end
 if rec and rec.s == 'P' and rec.o == owner then
+  -- A plain acquire's record carries no fence ('0'): the server's time now is one, taken while
+  -- this owner holds the key.
+  if rec.n == '0' then
+    return { 'acquired', now_us() }
+  end
   return { 'acquired', tonumber(rec.n) }
 end
 local report = ARGV[6] == '1'

@@ -6,20 +6,20 @@
 --   s|n|o|f|l|te|w|r
 --
 --   s   state: 'I' issued token, 'P' in progress, 'C' completed
---   n   fencing token of the latest acquisition (an integer, microseconds-based; 0 for a token
---       never acquired)
+--   n   fencing token of the latest acquisition: the server's clock in microseconds when the
+--       key was taken (0 for a token never acquired, and in the record of a plain `SET NX GET`
+--       acquire, whose token is the server's `TIME` read right after it)
 --   o   owner id of the attempt holding the key (P only)
 --   f   fingerprint of the payload the key was first used with
---   l   token records while P: when the holder's lease ends; C: when the record runs out
---       (unix ms, Redis's clock: a reader knows how long it may cache a result)
+--   l   token records while P: when the holder's lease ends (unix ms, the server's clock);
+--       empty otherwise (how long a record lives is its key's expiry: PTTL)
 --   te  token records: when the token expires (unix ms)
 --   w   '1' when a caller waits for the key to change (commit/release then PUBLISH on the
 --       key's name)
 --   r   the stored result, last so it may contain '|' (C only; empty when not replayable: a
 --       JSON result is never empty)
 --
--- So `redis-cli GET <key>` shows a completed record as
--- `C|1764505474123456|||1764591874200|||{"id":7}`.
+-- So `redis-cli GET <key>` shows a completed record as `C|1764505474123456||||||{"id":7}`.
 -- Parameter-mode records carry their lease (P) or their keep (C) as the key's own expiry.
 -- A string keeps a completed record at its result's size plus a few dozen bytes, where a hash
 -- with a result over 64 bytes would leave the compact encoding and cost hundreds.

@@ -1,10 +1,10 @@
 //! The replay cache: an optional, bounded, in-process copy of completed results, so a hot
 //! duplicate is answered without a round trip. It never holds a key in progress, and an entry
-//! lives no longer than the record it copies (`keep`).
+//! lives no longer than the record it copies: the caller gives each entry an end on this
+//! process's monotonic clock, from what the store reported at read time.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -50,16 +50,12 @@ impl ReplayCache {
         self.shard(key).map.get(key).filter(|c| c.expires_at > Instant::now()).cloned()
     }
 
-    /// Caches a completed result for at most `kept_for` (the record's remaining life).
-    pub(crate) fn put(&self, key: &str, fingerprint: Option<&str>, result: &[u8], kept_for: Duration) {
-        if kept_for.is_zero() {
+    /// Caches a completed result until `expires_at` (no later than the record's end).
+    pub(crate) fn put(&self, key: &str, fingerprint: Option<&str>, result: &[u8], expires_at: Instant) {
+        if expires_at <= Instant::now() {
             return;
         }
-        let entry = Cached {
-            fingerprint: fingerprint.map(Arc::from),
-            result: Arc::from(result),
-            expires_at: Instant::now() + kept_for,
-        };
+        let entry = Cached { fingerprint: fingerprint.map(Arc::from), result: Arc::from(result), expires_at };
         let mut shard = self.shard(key);
         if shard.map.insert(key.to_owned(), entry).is_none() {
             shard.order.push_back(key.to_owned());
@@ -74,20 +70,22 @@ impl ReplayCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn bounded_and_expiring() {
         let cache = ReplayCache::new(32);
+        let at = |d: Duration| Instant::now() + d;
         for i in 0..1000 {
-            cache.put(&format!("k{i}"), None, b"1", Duration::from_secs(60));
+            cache.put(&format!("k{i}"), None, b"1", at(Duration::from_secs(60)));
         }
         let live = (0..1000).filter(|i| cache.get(&format!("k{i}")).is_some()).count();
         assert!(live <= 32 + SHARDS, "{live} entries kept");
         assert!(cache.get("k999").is_some(), "the newest entry was evicted");
-        cache.put("short", None, b"1", Duration::from_millis(1));
+        cache.put("short", None, b"1", at(Duration::from_millis(1)));
         std::thread::sleep(Duration::from_millis(5));
         assert!(cache.get("short").is_none(), "an entry outlived its record");
-        cache.put("never", None, b"1", Duration::ZERO);
+        cache.put("never", None, b"1", at(Duration::ZERO));
         assert!(cache.get("never").is_none());
     }
 }

@@ -64,6 +64,8 @@ struct Inner {
     keep: Duration,
     max_result_bytes: usize,
     wait_recheck: Duration,
+    /// How long a caller waits for its result to be stored before it gets its value anyway.
+    commit_deadline: Duration,
 }
 
 /// Configures an [`Idempotency`].
@@ -99,12 +101,29 @@ impl IdempotencyBuilder {
         self
     }
 
+    /// How long a call whose body succeeded waits for its result to be stored before it returns
+    /// the value anyway (default: twice the store's own timeout, 5 s for a store without one).
+    ///
+    /// A commit that fails (the store unreachable, a failover) is retried; past this deadline the
+    /// caller gets its `Ok` (the body ran) and the retries go on in the background until the
+    /// lease would have run out, so the record is still written if the store comes back in time.
+    /// Meanwhile a duplicate finds the key in progress (`Error::Conflict`, or it waits); once the
+    /// record lands it replays it, and if the lease runs out first the key is free and a duplicate
+    /// runs the body again.
+    pub fn commit_deadline(mut self, deadline: Duration) -> Self {
+        self.inner.commit_deadline = deadline;
+        self
+    }
+
     /// Keeps up to `capacity` completed results in this process, so that a duplicate of a
     /// recently completed call is answered without a round trip to the store (default: off).
     ///
     /// Only completed results are cached, never a key in progress, and an entry lives no longer
-    /// than the record it copies (`keep`). What it gives up: a record deleted from the store by
-    /// hand stays replayable from this process's cache until its `keep` runs out.
+    /// than the record it copies: its lifetime is what the store reported the record has left
+    /// when it was read (Redis: the key's `PTTL`), counted from before the read was sent, on this
+    /// process's monotonic clock, so no client's idea of the time can stretch it. What it gives
+    /// up: a record deleted from the store by hand stays replayable from this process's cache
+    /// until then.
     pub fn replay_cache(mut self, capacity: usize) -> Self {
         self.inner.cache = (capacity > 0).then(|| ReplayCache::new(capacity));
         self
@@ -129,6 +148,7 @@ impl Idempotency {
 
     /// A builder for a runtime on a store shared with other code.
     pub fn builder_shared(store: Arc<dyn Store>) -> IdempotencyBuilder {
+        let commit_deadline = store.call_timeout().map_or(Duration::from_secs(5), |t| t * 2);
         IdempotencyBuilder {
             inner: Inner {
                 watchdog: Watchdog::new(store.clone()),
@@ -138,6 +158,7 @@ impl Idempotency {
                 keep: DEFAULT_KEEP,
                 max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
                 wait_recheck: Duration::from_secs(1),
+                commit_deadline,
             },
         }
     }
@@ -203,7 +224,9 @@ impl Idempotency {
     ///
     /// If the result cannot be stored (the store fails at commit, or another owner took the key
     /// after this call's lease was lost), the body's value is still returned, since the body
-    /// ran, and a warning is logged. The exception: a store that requires replica
+    /// ran, and a warning is logged; a commit that keeps failing is retried for at most the
+    /// commit deadline before the value is returned, and in the background after it
+    /// ([`IdempotencyBuilder::commit_deadline`]). The exception: a store that requires replica
     /// acknowledgements and did not get them fails the call with [`Error::Store`] (kind
     /// `Replication`); the record stays on the primary, so a retry replays it unless a failover
     /// lost it.
@@ -238,13 +261,27 @@ impl Idempotency {
                 // The wait needs the holder's lease; the cache, how long a result is kept.
                 report_ttl: watcher.is_some() || self.inner.cache.is_some(),
             };
-            let found = store.acquire(request).await.map_err(|source| Error::Store { key: key.clone(), source })?;
+            // Armed before the acquire is sent: if this call is dropped while the acquire is in
+            // flight, or the acquire fails (it may still land later), the store releases the key
+            // for this owner in the background.
+            let abandon = Abandon { store: Some(&self.inner.store), key: &key, owner: owner.as_str(), lease };
+            let found = match store.acquire(request).await {
+                Ok(found) => {
+                    abandon.disarm();
+                    found
+                }
+                Err(source) => {
+                    drop(abandon);
+                    return Err(Error::Store { key: key.clone(), source }.into());
+                }
+            };
             let held = match found {
                 AcquireOutcome::Acquired { fence } => fence,
                 AcquireOutcome::Completed { fingerprint: theirs, result, kept_for } => {
                     check_fingerprint(&key, theirs.as_deref(), fingerprint.as_deref())?;
                     if let (Some(cache), Some(bytes)) = (&self.inner.cache, &result) {
-                        cache.put(&key, theirs.as_deref(), bytes, kept_for);
+                        // Counted from before the read was sent: never past the record's end.
+                        cache.put(&key, theirs.as_deref(), bytes, sent + kept_for);
                     }
                     return replay(&key, call.on_duplicate, result.as_deref()).map_err(E::from);
                 }
@@ -296,7 +333,7 @@ impl Idempotency {
         Fut: Future<Output = Result<T, E>>,
     {
         let context = &held.context;
-        let mut guard = ReleaseOnDrop { store: Some(&self.inner.store), context };
+        let mut guard = ReleaseOnDrop { store: Some(&self.inner.store), context, lease: held.lease };
         let fut = match catch_unwind(AssertUnwindSafe(body)) {
             Ok(fut) => fut,
             Err(panic) => {
@@ -344,7 +381,10 @@ impl Idempotency {
             Driven::Finished(Ok(Ok(value))) => {
                 // From here on the key is never released: the body ran.
                 guard.store = None;
-                match self.commit(call, &held, &value, lease_end).await {
+                // Encoded before any await: the call's future holds no `&T` across one, so it is
+                // `Send` whenever `T` is.
+                let encoded = codec::encode(&value, self.inner.max_result_bytes);
+                match self.commit(call, &held, encoded, lease_end).await {
                     Ok(()) => Ok(value),
                     Err(source) => Err(Error::Store { key: context.key().to_owned(), source }.into()),
                 }
@@ -352,19 +392,15 @@ impl Idempotency {
         }
     }
 
-    /// Stores the result; on failure logs it (the body ran, so its value is returned anyway),
-    /// except when the store says too few replicas have it: that is the caller's to know.
-    async fn commit<T: Serialize>(
-        &self,
-        call: &Call,
-        held: &Held,
-        value: &T,
-        lease_end: Instant,
-    ) -> Result<(), StoreError> {
+    /// Stores the result. A failed attempt is retried (a commit is safe to repeat) until the
+    /// commit deadline; past it the caller gets its value and the retries go on in the
+    /// background until the lease would have run out. A lost key or a corrupt record is logged
+    /// (the body ran, so its value is returned anyway); a store that says too few replicas have
+    /// the record fails the call, which is the caller's to know.
+    async fn commit(&self, call: &Call, held: &Held, encoded: Encoded, lease_end: Instant) -> Result<(), StoreError> {
         let key = held.context.key();
-        let encoded = codec::encode(value, self.inner.max_result_bytes);
-        let result = match &encoded {
-            Encoded::Replayable(bytes) => Some(bytes.as_slice()),
+        let result = match encoded {
+            Encoded::Replayable(bytes) => Some(bytes),
             Encoded::NotReplayable(why) => {
                 tracing::warn!(key = %key, why = %why, "idempotency result stored as not replayable");
                 None
@@ -376,47 +412,103 @@ impl Idempotency {
             owner: held.context.owner(),
             fence: held.context.fence(),
             keep,
-            result,
+            result: result.as_deref(),
             fingerprint: held.fingerprint.as_deref(),
         };
-        // Commit is safe to repeat (and records the result even if the key is gone), so a
-        // failed attempt is retried until the lease would have run out: a failover or a
-        // reconnection shorter than that loses nothing. At least three attempts. (The deadline is
-        // read from the clock at the first failure only: most commits need no clock.)
-        let mut until: Option<Instant> = None;
-        let mut backoff = Duration::from_millis(25);
-        let mut attempt = 0u32;
-        loop {
-            attempt += 1;
-            match self.inner.store.commit(request).await {
-                Ok(Transition::Done) => {
-                    if let (Some(cache), Some(bytes)) = (&self.inner.cache, result) {
-                        cache.put(key, held.fingerprint.as_deref(), bytes, keep);
-                    }
-                    return Ok(());
-                }
-                Err(e) if e.kind() == StoreErrorKind::Replication => return Err(e),
-                Ok(Transition::Lost) => {
-                    tracing::warn!(key = %key, "idempotency result not stored: another owner holds the key");
-                    return Ok(());
-                }
-                Ok(Transition::Corrupt { reason }) => {
-                    tracing::warn!(key = %key, reason = %reason, "idempotency result not stored: the key is corrupt");
-                    return Ok(());
-                }
-                Err(e) => {
-                    let now = Instant::now();
-                    let until = *until.get_or_insert_with(|| now.max(lease_end));
-                    if attempt >= 3 && now + backoff >= until {
-                        tracing::warn!(key = %key, error = %e, attempt, "idempotency result not stored: the store failed");
-                        return Ok(());
-                    }
-                    tracing::warn!(key = %key, error = %e, attempt, "idempotency commit failed; retrying");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(1));
-                }
+        // The common case, inline and without copying anything.
+        let sent = Instant::now();
+        let first = match self.inner.store.commit(request).await {
+            Err(e) if e.kind() != StoreErrorKind::Replication => e,
+            outcome => return self.inner.committed(&request, outcome, sent),
+        };
+        tracing::warn!(key = %key, error = %first, "idempotency commit failed; retrying");
+        let pending = PendingCommit {
+            key: key.to_owned(),
+            owner: held.context.owner().to_owned(),
+            fence: held.context.fence(),
+            keep,
+            result,
+            fingerprint: held.fingerprint.clone(),
+        };
+        let mut retries = Box::pin(self.inner.clone().retry_commit(pending, lease_end));
+        // The deadline counts from the first attempt, not from its failure.
+        match tokio::time::timeout_at(sent + self.inner.commit_deadline, &mut retries).await {
+            Ok(outcome) => outcome,
+            Err(_) => {
+                tracing::warn!(
+                    key = %key,
+                    deadline = ?self.inner.commit_deadline,
+                    "idempotency result not stored within the commit deadline; the caller gets its value, \
+                     storing goes on in the background until the lease would end"
+                );
+                tokio::spawn(retries);
+                Ok(())
             }
         }
+    }
+}
+
+/// A commit to retry, owning what it stores (it may outlive the call).
+struct PendingCommit {
+    key: String,
+    owner: String,
+    fence: u64,
+    keep: Duration,
+    result: Option<Vec<u8>>,
+    fingerprint: Option<String>,
+}
+
+impl Inner {
+    /// What a commit's outcome means for the caller: `Done` fills the replay cache (until `keep`
+    /// after the commit was sent: never past the record's end), a lost key or corrupt record is
+    /// logged, a store error is returned.
+    fn committed(&self, request: &CommitRequest<'_>, outcome: Result<Transition, StoreError>, sent: Instant) -> Result<(), StoreError> {
+        let key = request.key;
+        match outcome? {
+            Transition::Done => {
+                if let (Some(cache), Some(bytes)) = (&self.cache, request.result) {
+                    cache.put(key, request.fingerprint, bytes, sent + request.keep);
+                }
+            }
+            Transition::Lost => {
+                tracing::warn!(key = %key, "idempotency result not stored: another owner holds the key")
+            }
+            Transition::Corrupt { reason } => {
+                tracing::warn!(key = %key, reason = %reason, "idempotency result not stored: the key is corrupt")
+            }
+        }
+        Ok(())
+    }
+
+    /// Retries a failed commit with backoff until it is stored, the store refuses it, or the
+    /// lease would have run out (at least three attempts).
+    async fn retry_commit(self: Arc<Self>, pending: PendingCommit, lease_end: Instant) -> Result<(), StoreError> {
+        let request = CommitRequest {
+            key: &pending.key,
+            owner: &pending.owner,
+            fence: pending.fence,
+            keep: pending.keep,
+            result: pending.result.as_deref(),
+            fingerprint: pending.fingerprint.as_deref(),
+        };
+        let until = Instant::now().max(lease_end);
+        let mut backoff = Duration::from_millis(25);
+        for attempt in 2u32.. {
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(1));
+            let sent = Instant::now();
+            match self.store.commit(request).await {
+                Err(e) if e.kind() != StoreErrorKind::Replication => {
+                    if attempt >= 3 && Instant::now() + backoff >= until {
+                        tracing::warn!(key = %pending.key, error = %e, attempt, "idempotency result not stored: the store failed until the lease ran out");
+                        return Err(e);
+                    }
+                    tracing::debug!(key = %pending.key, error = %e, attempt, "idempotency commit failed; retrying");
+                }
+                outcome => return self.committed(&request, outcome, sent),
+            }
+        }
+        unreachable!("the attempts run out before the counter does")
     }
 }
 
@@ -438,45 +530,59 @@ struct Held {
 }
 
 /// Releases the key unless disarmed (`store` taken); if dropped armed, which is a cancelled
-/// call, releases it from a background task.
+/// call, or if the release fails, the store releases it in the background
+/// ([`Store::abandon`]).
 struct ReleaseOnDrop<'a> {
     store: Option<&'a Arc<dyn Store>>,
     context: &'a CallContext,
+    lease: Duration,
 }
 
 impl ReleaseOnDrop<'_> {
     async fn release(&mut self) {
         if let Some(store) = self.store.take() {
             let key = self.context.key();
-            log_release(key, store.release(key, self.context.owner()).await);
+            match store.release(key, self.context.owner()).await {
+                Ok(Transition::Done) => {}
+                Ok(other) => tracing::warn!(key, outcome = ?other, "idempotency release found the key not ours"),
+                Err(e) => {
+                    tracing::warn!(key, error = %e, "idempotency release failed; retrying in the background");
+                    store.clone().abandon(key, self.context.owner(), self.lease);
+                }
+            }
         }
     }
 }
 
 impl Drop for ReleaseOnDrop<'_> {
     fn drop(&mut self) {
-        let Some(store) = self.store.take() else { return };
-        let (key, owner) = (self.context.key().to_owned(), self.context.owner().to_owned());
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => {
-                let store = store.clone();
-                rt.spawn(async move {
-                    let outcome = store.release(&key, &owner).await;
-                    log_release(&key, outcome);
-                });
-            }
-            Err(_) => {
-                tracing::warn!(key = %key, "idempotency call cancelled outside a runtime; the key is held until its lease ends")
-            }
+        if let Some(store) = self.store.take() {
+            store.clone().abandon(self.context.key(), self.context.owner(), self.lease);
         }
     }
 }
 
-fn log_release(key: &str, outcome: Result<Transition, StoreError>) {
-    match outcome {
-        Ok(Transition::Done) => {}
-        Ok(other) => tracing::warn!(key, outcome = ?other, "idempotency release found the key not ours"),
-        Err(e) => tracing::warn!(key, error = %e, "idempotency release failed; the key is held until its lease ends"),
+/// Armed around an acquire: dropped armed (the call was dropped mid-acquire, or the acquire
+/// failed and may still land), it has the store release the key for this owner
+/// ([`Store::abandon`]).
+struct Abandon<'a> {
+    store: Option<&'a Arc<dyn Store>>,
+    key: &'a str,
+    owner: &'a str,
+    lease: Duration,
+}
+
+impl Abandon<'_> {
+    fn disarm(mut self) {
+        self.store = None;
+    }
+}
+
+impl Drop for Abandon<'_> {
+    fn drop(&mut self) {
+        if let Some(store) = self.store.take() {
+            store.clone().abandon(self.key, self.owner, self.lease);
+        }
     }
 }
 

@@ -280,10 +280,12 @@ impl RedisServer {
     }
 
     fn signal(&self, sig: libc::c_int) {
-        let pid = self.child.as_ref().expect("server not running").id();
-        // SAFETY: sending a signal to our own child process.
-        let rc = unsafe { libc::kill(pid as libc::pid_t, sig) };
-        assert_eq!(rc, 0, "signal {sig} to redis-server failed");
+        signal_pid(self.pid(), sig);
+    }
+
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("server not running").id()
     }
 
     /// Sends one command over a fresh connection and returns the reply as text: simple and bulk
@@ -292,6 +294,13 @@ impl RedisServer {
     pub fn command(&self, args: &[&str]) -> Result<String, String> {
         command_at(self.port, args)
     }
+}
+
+/// Sends `sig` to the process `pid` (a server of the test's own), from any thread.
+pub fn signal_pid(pid: u32, sig: libc::c_int) {
+    // SAFETY: sending a signal to our own child process.
+    let rc = unsafe { libc::kill(pid as libc::pid_t, sig) };
+    assert_eq!(rc, 0, "signal {sig} to process {pid} failed");
 }
 
 /// Watches a server with `MONITOR`: every command it runs, one line each, as Redis prints them

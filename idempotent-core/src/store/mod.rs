@@ -14,6 +14,7 @@
 //! safe to repeat for the same owner: a client may re-send a command whose reply was lost.
 
 use std::any::Any;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -65,7 +66,8 @@ pub struct AcquireRequest<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AcquireOutcome {
     /// The key is now held by the requesting owner (also when it already was: a re-sent
-    /// acquire). The fencing token is larger than any earlier holder's of this key.
+    /// acquire). The fencing token is larger than any earlier holder's of this key, including
+    /// holders whose records have expired or been released since.
     Acquired {
         /// The fencing token of this acquisition.
         fence: u64,
@@ -152,8 +154,14 @@ pub struct Lease<'a> {
 pub trait Store: Send + Sync + 'static {
     /// Absent → IN_PROGRESS held by `owner` with a lease (parameter mode), or ISSUED →
     /// IN_PROGRESS (token mode; a token whose holder's lease ran out counts as ISSUED).
-    /// IN_PROGRESS already held by `owner` → `Acquired` with the same fence. Anything else is
-    /// reported as found, unchanged (except that `will_wait` marks the record as watched).
+    /// IN_PROGRESS already held by `owner` (a re-sent acquire) → `Acquired` with a fencing token
+    /// as good as the first: the same one, or one stamped later while `owner` holds the key.
+    /// Anything else is reported as found, unchanged (except that `will_wait` marks the record
+    /// as watched).
+    ///
+    /// The fencing token must be larger than that of every earlier acquisition of the key, also
+    /// one whose record has since gone: stamp it with a clock the store owns (Redis `TIME`, a
+    /// database sequence), never a client's.
     fn acquire<'a>(&'a self, request: AcquireRequest<'a>) -> StoreFuture<'a, Result<AcquireOutcome, StoreError>>;
 
     /// Extends each lease whose owner still holds the key; returns, per lease, whether it did.
@@ -177,6 +185,35 @@ pub trait Store: Send + Sync + 'static {
     /// A watcher woken when the key's record is committed or released. It must be in place
     /// before this returns, so that a change made after `watch` returns wakes it.
     fn watch<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Result<Watcher, StoreError>>;
+
+    /// The caller gave up on `owner`'s attempt at `key` without knowing whether the store holds
+    /// it: an acquire that failed or timed out (it may still land later: a client re-sends
+    /// queued commands after a reconnect), a call dropped while its acquire or its body was in
+    /// flight. The store makes sure that nothing stays held for that owner: it releases the key,
+    /// owner-checked, in the background, after anything already sent for that owner has landed,
+    /// and without depending on what a timed-out call left half done (a script cache emptied by
+    /// a restart, say). `lease` bounds how long this needs to keep trying: past it, a record the
+    /// owner took has expired by itself.
+    ///
+    /// The default releases once, from a task on the current tokio runtime.
+    fn abandon(self: Arc<Self>, key: &str, owner: &str, lease: Duration) {
+        let _ = lease;
+        let (key, owner) = (key.to_owned(), owner.to_owned());
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                if let Err(e) = self.release(&key, &owner).await {
+                    tracing::warn!(error = %e, "idempotency release after an abandoned call failed; the key is held until its lease ends");
+                }
+            });
+        }
+    }
+
+    /// The bound on one call of this store (a network round trip and the server's work), when
+    /// it has one: the runtime waits for a commit a small multiple of it before answering the
+    /// caller (see `IdempotencyBuilder::commit_deadline`).
+    fn call_timeout(&self) -> Option<Duration> {
+        None
+    }
 }
 
 /// Wakes a waiting caller when a key it watches changes; see [`Store::watch`].

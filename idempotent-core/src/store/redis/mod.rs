@@ -1,7 +1,9 @@
 //! `RedisStore`: the production store, on the `fred` client. Each transition is one command:
 //! a Lua script (see `lua/`), or, for a parameter-mode acquire, a plain `SET NX GET` whose
-//! reply is read here (a script costs Redis several times a plain command). Each call is
-//! bounded by the store's own timeout, and the client reconnects by itself.
+//! reply is read here (a script costs Redis several times a plain command), with a `TIME`
+//! right behind it on the same connection for the fencing token. Each call is bounded by the
+//! store's own timeout, and the client reconnects by itself. Time always comes from the server:
+//! the store keeps no estimate of Redis's clock.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -17,7 +19,6 @@ use tokio::sync::OnceCell;
 use super::{AcquireOutcome, AcquireRequest, CommitRequest, Lease, Mode, Store, StoreFuture, Transition, Watcher};
 use crate::error::{StoreError, StoreErrorKind};
 
-mod clock;
 mod keys;
 mod record;
 mod replies;
@@ -59,10 +60,9 @@ struct Inner {
     acks: Option<ReplicaAcks>,
     /// Set when the store closes: the supervisors then let the connection tasks end.
     closing: Arc<AtomicBool>,
-    /// The connection supervisors and the clock's resync, aborted when the store drops.
+    /// The connection supervisors, aborted when the store drops.
     tasks: Vec<tokio::task::JoinHandle<()>>,
     clustered: bool,
-    clock: Arc<clock::RedisClock>,
     /// The server takes `SET ... NX GET` (Redis 7.0 and later): parameter-mode acquires need no
     /// script.
     plain_acquire: bool,
@@ -195,50 +195,59 @@ impl RedisStore {
                 }
                 Ok(outcome)
             }
-            Err(e) => {
-                // The acquire may still reach Redis later (fred re-sends queued commands after a
-                // reconnect). Release behind it, on the same connection, so it cannot hold the
-                // key for a whole lease; the release is owner-checked and a no-op otherwise.
-                let (store, key, owner) = (self.clone(), req.key.to_owned(), req.owner.to_owned());
-                if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                    rt.spawn(async move {
-                        let _ = store.release(&key, &owner).await;
-                    });
-                }
-                Err(e)
-            }
+            // The acquire may still reach Redis later (fred re-sends queued commands after a
+            // reconnect): the runtime has the store release it (`abandon`).
+            Err(e) => Err(e),
         }
     }
 
     /// Parameter mode, nobody waiting: `SET key <IN_PROGRESS> NX PX lease GET` takes an absent
     /// key, and otherwise changes nothing and returns what the key holds (read here as the
     /// acquire script would report it). A re-sent command finds this owner's own record.
+    ///
+    /// Right behind it, on the same connection, go `TIME` (the fencing token: the server's
+    /// clock, read after the `SET` ran, so after any earlier holder's record was gone) and, when
+    /// the caller wants to know how long a record lives, `PTTL`. All of them are sent at once:
+    /// one round trip.
     async fn acquire_plain(&self, req: &AcquireRequest<'_>) -> Result<AcquireOutcome, StoreError> {
-        let fence = self.inner.clock.fence();
-        let pending = record::pending(fence, req.owner, req.fingerprint);
+        let pending = record::pending(req.owner, req.fingerprint);
+        let client = self.client_for(req.key);
+        let record_key = self.record_key(req.key);
         // Boxed at once: fred's command futures are about 5 KB, and every layer holding one
-        // inline would copy it.
-        let set = Box::pin(self.client_for(req.key).set::<Value, _, _>(
-            self.record_key(req.key),
+        // inline would copy it. A fred command is sent when its future is first polled: `join!`
+        // polls them in this order, SET, TIME, PTTL, all before waiting for any reply.
+        let ttl = req.report_ttl.then(|| Box::pin(client.pttl::<i64, _>(record_key.as_str())));
+        let set = Box::pin(client.set::<Value, _, _>(
+            record_key.as_str(),
             pending,
             Some(Expiration::PX(millis(req.lease))),
             Some(SetOptions::NX),
             true,
         ));
-        let reply = within("acquire", self.inner.timeout, async {
-            match set.await {
+        let time = Box::pin(server_time(client, &record_key));
+        let replies = within("acquire", self.inner.timeout, async {
+            let ttl = async {
+                match ttl {
+                    Some(ttl) => Some(ttl.await),
+                    None => None,
+                }
+            };
+            let (set, time, ttl) = tokio::join!(set, time, ttl);
+            let ttl = ttl.transpose().map_err(|e| store_error("acquire", e))?;
+            let set = match set {
                 // Not a string: the script names what it is.
-                Err(e) if e.details().starts_with("WRONGTYPE") => Ok(None),
-                other => other.map(Some).map_err(|e| store_error("acquire", e)),
-            }
+                Err(e) if e.details().starts_with("WRONGTYPE") => None,
+                other => Some(other.map_err(|e| store_error("acquire", e))?),
+            };
+            Ok((set, time.map_err(|e| store_error("acquire", e))?, ttl))
         })
         .await?;
-        let now_ms = || self.inner.clock.now_ms();
-        Ok(match reply {
+        let (set, now_us, ttl) = replies;
+        Ok(match set {
             None => return self.acquire_script(req).await,
-            Some(Value::Null) => AcquireOutcome::Acquired { fence },
-            Some(Value::String(s)) => record::found(s.as_bytes(), req.owner, now_ms()),
-            Some(Value::Bytes(b)) => record::found(&b, req.owner, now_ms()),
+            Some(Value::Null) => AcquireOutcome::Acquired { fence: now_us },
+            Some(Value::String(s)) => record::found(s.as_bytes(), req.owner, now_us, ttl),
+            Some(Value::Bytes(b)) => record::found(&b, req.owner, now_us, ttl),
             Some(other) => return Err(StoreError::reply("acquire", format_args!("unexpected reply {other:?}"))),
         })
     }
@@ -288,9 +297,8 @@ impl RedisStore {
     async fn commit_inner(&self, req: CommitRequest<'_>) -> Result<Transition, StoreError> {
         // What a parameter-mode acquire by this owner wrote: the script's fast path compares it
         // whole instead of decoding the record.
-        let pending = record::pending(req.fence, req.owner, req.fingerprint);
-        let expires_ms = self.inner.clock.now_ms().saturating_add(millis(req.keep) as u64);
-        let completed = bytes::Bytes::from(record::completed(req.fence, req.fingerprint, expires_ms, req.result));
+        let pending = record::pending(req.owner, req.fingerprint);
+        let completed = bytes::Bytes::from(record::completed(req.fence, req.fingerprint, req.result));
         let args = || {
             vec![
                 req.owner.into(),
@@ -330,6 +338,49 @@ impl RedisStore {
     async fn release_inner(&self, key: &str, owner: &str) -> Result<Transition, StoreError> {
         let reply = self.script("release", &scripts::RELEASE, key, || vec![owner.into()]).await?;
         replies::transition("release", reply)
+    }
+
+    /// Releases `owner`'s hold on `key` in the background, for a caller that gave up. The release
+    /// goes through the key's own connection, so it reaches Redis after anything this owner sent
+    /// before (an acquire queued while Redis was away lands first, then this); it is sent as
+    /// `EVAL` with the script's text, so a server whose script cache is empty (restarted, failed
+    /// over) runs it as it is; and it is not bounded by the caller's timeout: fred keeps it
+    /// queued while disconnected and sends it on reconnecting. Tried again on a failure until a
+    /// lease and two store timeouts have passed, after which whatever the owner took has
+    /// expired by itself.
+    fn release_in_background(&self, key: &str, owner: &str, lease: Duration) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(key, "idempotency release outside a runtime; the key is held until its lease ends");
+            return;
+        };
+        let (store, key, owner) = (self.clone(), key.to_owned(), owner.to_owned());
+        rt.spawn(async move {
+            let until = tokio::time::Instant::now() + lease + 2 * store.inner.timeout;
+            let mut backoff = Duration::from_millis(50);
+            loop {
+                let client = store.client_for(&key);
+                let lua = scripts::RELEASE.lua().cloned().unwrap_or_default();
+                let eval = Box::pin(client.eval::<Value, _, _, _>(lua, vec![store.record_key(&key)], vec![owner.as_str()]));
+                let outcome = match eval.await {
+                    Ok(reply) => replies::transition("release", reply),
+                    Err(e) => Err(store_error("release", e)),
+                };
+                match outcome {
+                    Ok(Transition::Done) => return,
+                    Ok(other) => {
+                        tracing::debug!(key, outcome = ?other, "idempotency background release found the key not ours");
+                        return;
+                    }
+                    Err(e) if tokio::time::Instant::now() + backoff >= until => {
+                        tracing::warn!(key, error = %e, "idempotency background release failed until the lease ran out");
+                        return;
+                    }
+                    Err(e) => tracing::debug!(key, error = %e, "idempotency background release failed; retrying"),
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+            }
+        });
     }
 
     async fn issue_inner(&self, key: &str, ttl: Duration) -> Result<bool, StoreError> {
@@ -398,7 +449,10 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Connects the pool.
+    /// Connects the pool. Everything it does (connecting every connection, loading the scripts,
+    /// reading the server's version) is bounded by the connect timeout as a whole: an
+    /// unreachable server, a refused port or a listener that never answers is an error within
+    /// it.
     pub async fn connect(self) -> Result<RedisStore, StoreError> {
         keys::check_prefix(&self.prefix).map_err(|m| StoreError::new(StoreErrorKind::Config, m))?;
         let config = self.config.map_err(|e| store_error("configure", e))?;
@@ -415,34 +469,33 @@ impl RedisStoreBuilder {
             });
         let pool = builder.build_pool(self.pool_size).map_err(|e| store_error("configure", e))?;
         let closing = Arc::new(AtomicBool::new(false));
-        let mut tasks: Vec<_> =
-            pool.clients().iter().map(|c| supervise::supervise(c.clone(), closing.clone())).collect();
-        let connected = async {
+        let tasks: Vec<_> = pool.clients().iter().map(|c| supervise::supervise(c.clone(), closing.clone())).collect();
+        let ready = async {
             for client in pool.clients() {
                 client.wait_for_connect().await.map_err(|e| store_error("connect", e))?;
             }
-            Ok(())
+            // Load the scripts now (on every primary of a cluster), so that the first call of
+            // each does not pay a NOSCRIPT round trip: on a slow link that doubles the first
+            // renewal's time. A failure here is harmless: EVALSHA falls back to EVAL.
+            for script in scripts::all() {
+                let _ = script.load(pool.next()).await;
+            }
+            server_version(pool.next()).await
         };
-        if let Err(e) = within("connect", self.connect_timeout, connected).await {
-            closing.store(true, Ordering::Release);
-            tasks.iter().for_each(|t| t.abort());
-            let _ = pool.quit().await;
-            return Err(e);
-        }
-        // Load the scripts now (on every primary of a cluster), so that the first call of
-        // each does not pay a NOSCRIPT round trip: on a slow link that doubles the first
-        // renewal's time. A failure here is harmless: EVALSHA falls back to EVAL.
-        for script in scripts::all() {
-            let _ = tokio::time::timeout(self.timeout, script.load(pool.next())).await;
-        }
-        let clock = clock::RedisClock::new();
-        if let Err(e) = bounded("read Redis's clock", self.timeout, clock.sync(pool.next())).await {
-            tracing::warn!(error = %e, "could not read Redis's clock; using this machine's until the next try");
-        }
-        tasks.push(clock.clone().keep_in_sync(pool.next().clone()));
-        let plain_acquire = within("read the server's version", self.timeout, server_version(pool.next()))
-            .await
-            .is_ok_and(|major| major >= 7);
+        let version = match within("connect", self.connect_timeout, ready).await {
+            Ok(version) => version,
+            Err(e) => {
+                // Not awaited: closing a client that never connected can itself wait.
+                closing.store(true, Ordering::Release);
+                tasks.iter().for_each(|t| t.abort());
+                if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                    rt.spawn(async move {
+                        let _ = tokio::time::timeout(Duration::from_secs(5), pool.quit()).await;
+                    });
+                }
+                return Err(e);
+            }
+        };
         Ok(RedisStore {
             inner: Arc::new(Inner {
                 pool,
@@ -453,8 +506,7 @@ impl RedisStoreBuilder {
                 closing,
                 tasks,
                 clustered,
-                clock,
-                plain_acquire,
+                plain_acquire: version >= 7,
                 subscriptions: OnceCell::new(),
             }),
         })
@@ -485,6 +537,17 @@ async fn server_version(client: &Client) -> Result<u32, StoreError> {
     version.split('.').next().and_then(|major| major.parse().ok()).ok_or_else(|| {
         StoreError::reply("read the server's version", format_args!("no redis_version in INFO: {version:?}"))
     })
+}
+
+/// The server's clock in microseconds (`TIME`), from the node that holds `record_key`.
+async fn server_time(client: &Client, record_key: &str) -> Result<u64, Error> {
+    let slot = fred::util::redis_keyslot(record_key.as_bytes());
+    let time = CustomCommand::new_static("TIME", fred::types::ClusterHash::Custom(slot), false);
+    let reply: Vec<u64> = client.custom(time, Vec::<String>::new()).await?;
+    match reply[..] {
+        [secs, micros] => Ok(secs.saturating_mul(1_000_000).saturating_add(micros)),
+        _ => Err(Error::new(ErrorKind::Parse, format!("TIME replied {reply:?}"))),
+    }
 }
 
 /// Runs `futs` concurrently; their outputs in order.
@@ -521,6 +584,10 @@ pub(crate) fn store_error(op: &str, e: Error) -> StoreError {
         ErrorKind::Timeout => StoreErrorKind::Timeout,
         ErrorKind::Protocol | ErrorKind::Parse => StoreErrorKind::Reply,
         ErrorKind::Config | ErrorKind::Url | ErrorKind::Auth => StoreErrorKind::Config,
+        // A command whose reply channel was dropped unanswered: the connection's routing task
+        // ended (the supervisor starts it again). Its fate is unknown, as with a dropped
+        // connection.
+        ErrorKind::Unknown if e.details() == "channel closed" => StoreErrorKind::Unavailable,
         _ => StoreErrorKind::Backend,
     };
     StoreError::new(kind, format!("{op}: {}", e.details())).with_source(e)
@@ -553,6 +620,14 @@ impl Store for RedisStore {
 
     fn watch<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Result<Watcher, StoreError>> {
         StoreFuture::new(self.watch_inner(key))
+    }
+
+    fn abandon(self: Arc<Self>, key: &str, owner: &str, lease: Duration) {
+        self.release_in_background(key, owner, lease);
+    }
+
+    fn call_timeout(&self) -> Option<Duration> {
+        Some(self.inner.timeout)
     }
 }
 

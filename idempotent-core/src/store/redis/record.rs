@@ -1,35 +1,27 @@
 //! The record format of `lua/lib.lua`, `s|n|o|f|l|te|w|r`, written and read in Rust: for the
 //! paths that need no script (acquire is a plain `SET NX GET`), and for the records a commit
-//! hands its script ready-made.
+//! hands its script ready-made. Nothing here reads a clock: the server's time comes with the
+//! reply (`TIME`, `PTTL`).
 
 use std::time::Duration;
 
 use crate::store::AcquireOutcome;
 
-/// The IN_PROGRESS record a parameter-mode acquire writes: `P|fence|owner|fingerprint||||`.
-/// A commit passes it back to its script, which takes the fast path when the key still holds
-/// exactly this string (held by this owner, unwatched).
-pub(crate) fn pending(fence: u64, owner: &str, fingerprint: Option<&str>) -> String {
-    let mut digits = itoa::Buffer::new();
-    ["P|", digits.format(fence), "|", owner, "|", fingerprint.unwrap_or(""), "||||"].concat()
+/// The IN_PROGRESS record a parameter-mode acquire writes: `P|0|owner|fingerprint||||`. Its
+/// fencing token is not in it (`0`): the server's `TIME`, read right after this record was
+/// written, is. A commit passes it back to its script, which takes the fast path when the key
+/// still holds exactly this string (held by this owner, unwatched).
+pub(crate) fn pending(owner: &str, fingerprint: Option<&str>) -> String {
+    ["P|0|", owner, "|", fingerprint.unwrap_or(""), "||||"].concat()
 }
 
-/// The COMPLETED record: `C|fence||fingerprint|expires||||result`, where `expires` is when the
-/// record runs out (unix ms, Redis's clock), so that a reader knows how long it may cache it
-/// without asking Redis. An empty result means not replayable (a JSON result is never empty).
-pub(crate) fn completed(fence: u64, fingerprint: Option<&str>, expires_ms: u64, result: Option<&[u8]>) -> Vec<u8> {
-    let (mut fence_digits, mut expires_digits) = (itoa::Buffer::new(), itoa::Buffer::new());
-    [
-        b"C|",
-        fence_digits.format(fence).as_bytes(),
-        b"||",
-        fingerprint.unwrap_or("").as_bytes(),
-        b"|",
-        expires_digits.format(expires_ms).as_bytes(),
-        b"|||",
-        result.unwrap_or_default(),
-    ]
-    .concat()
+/// The COMPLETED record: `C|fence||fingerprint||||result`. How long it lives is the key's own
+/// expiry (`keep`), which a reader asks the server for (`PTTL`). An empty result means not
+/// replayable (a JSON result is never empty).
+pub(crate) fn completed(fence: u64, fingerprint: Option<&str>, result: Option<&[u8]>) -> Vec<u8> {
+    let mut fence_digits = itoa::Buffer::new();
+    [b"C|", fence_digits.format(fence).as_bytes(), b"||", fingerprint.unwrap_or("").as_bytes(), b"||||", result.unwrap_or_default()]
+        .concat()
 }
 
 /// A record's fields, borrowed from its bytes ('' for empty ones).
@@ -39,7 +31,7 @@ pub(crate) struct Record<'a> {
     pub fence: u64,
     pub owner: &'a [u8],
     pub fingerprint: &'a [u8],
-    /// P token records: when the holder's lease ends; C records: when the record runs out.
+    /// P token records: when the holder's lease ends (unix ms, the server's clock).
     pub until: &'a [u8],
     pub token_expiry: &'a [u8],
     pub result: &'a [u8],
@@ -79,13 +71,21 @@ fn left(field: &[u8], now_ms: u64) -> Duration {
     Duration::from_millis(int(field).unwrap_or(0).saturating_sub(now_ms))
 }
 
+/// A `PTTL` reply as a duration (zero for no key, or no expiry: -2, -1).
+fn ttl(pttl: Option<i64>) -> Duration {
+    Duration::from_millis(pttl.unwrap_or(0).max(0) as u64)
+}
+
 /// What a parameter-mode acquire that did not take the key found there, as `acquire.lua`
-/// would report it (`now_ms`: Redis's clock).
-pub(crate) fn found(bytes: &[u8], owner: &str, now_ms: u64) -> AcquireOutcome {
+/// would report it. `now_us` is the server's `TIME` read right after the acquire (the fencing
+/// token when the record is this owner's own: a re-sent acquire), `pttl` the key's `PTTL`
+/// when it was asked for.
+pub(crate) fn found(bytes: &[u8], owner: &str, now_us: u64, pttl: Option<i64>) -> AcquireOutcome {
     let rec = match parse(bytes) {
         Ok(rec) => rec,
         Err(reason) => return AcquireOutcome::Corrupt { reason: reason.to_owned() },
     };
+    let now_ms = now_us / 1000;
     let issued = || {
         let reason = if rec.token_expiry.is_empty() {
             "holds an issued token with no expiry"
@@ -95,15 +95,20 @@ pub(crate) fn found(bytes: &[u8], owner: &str, now_ms: u64) -> AcquireOutcome {
         AcquireOutcome::Corrupt { reason: reason.to_owned() }
     };
     match rec.state {
-        b'P' if rec.owner == owner.as_bytes() => AcquireOutcome::Acquired { fence: rec.fence },
+        b'P' if rec.owner == owner.as_bytes() => {
+            AcquireOutcome::Acquired { fence: if rec.fence == 0 { now_us } else { rec.fence } }
+        }
         b'C' => AcquireOutcome::Completed {
             fingerprint: text(rec.fingerprint),
             result: (!rec.result.is_empty()).then(|| rec.result.to_vec()),
-            kept_for: left(rec.until, now_ms),
+            kept_for: ttl(pttl),
         },
         // A token whose holder's lease ran out counts as issued again.
         b'P' if !rec.token_expiry.is_empty() && left(rec.until, now_ms).is_zero() => issued(),
-        b'P' => AcquireOutcome::InProgress { fingerprint: text(rec.fingerprint), lease_left: left(rec.until, now_ms) },
+        b'P' if !rec.token_expiry.is_empty() => {
+            AcquireOutcome::InProgress { fingerprint: text(rec.fingerprint), lease_left: left(rec.until, now_ms) }
+        }
+        b'P' => AcquireOutcome::InProgress { fingerprint: text(rec.fingerprint), lease_left: ttl(pttl) },
         _ => issued(),
     }
 }
@@ -114,26 +119,28 @@ mod tests {
 
     #[test]
     fn written_records_read_back() {
-        let p = pending(17, "own", Some("ab12"));
-        assert_eq!(p, "P|17|own|ab12||||");
-        assert_eq!(found(p.as_bytes(), "own", 0), AcquireOutcome::Acquired { fence: 17 });
+        let p = pending("own", Some("ab12"));
+        assert_eq!(p, "P|0|own|ab12||||");
+        // A re-sent acquire finds its own record: the fence is the server's TIME read after it.
+        assert_eq!(found(p.as_bytes(), "own", 77, None), AcquireOutcome::Acquired { fence: 77 });
         assert_eq!(
-            found(p.as_bytes(), "other", 0),
-            AcquireOutcome::InProgress { fingerprint: Some("ab12".into()), lease_left: Duration::ZERO }
+            found(p.as_bytes(), "other", 0, Some(900)),
+            AcquireOutcome::InProgress { fingerprint: Some("ab12".into()), lease_left: Duration::from_millis(900) }
         );
-        let c = completed(17, None, 5_000, Some(b"{\"a\":\"x|y\"}"));
-        assert_eq!(c, b"C|17|||5000|||{\"a\":\"x|y\"}");
+        let c = completed(17, None, Some(b"{\"a\":\"x|y\"}"));
+        assert_eq!(c, b"C|17||||||{\"a\":\"x|y\"}");
+        // How long it is kept is what the server says (PTTL), whatever any clock says.
         assert_eq!(
-            found(&c, "own", 1_000),
+            found(&c, "own", 1_000_000, Some(4_000)),
             AcquireOutcome::Completed {
                 fingerprint: None,
                 result: Some(b"{\"a\":\"x|y\"}".to_vec()),
                 kept_for: Duration::from_secs(4)
             }
         );
-        let unreplayable = completed(3, Some("f"), 10, None);
+        let unreplayable = completed(3, Some("f"), None);
         assert_eq!(
-            found(&unreplayable, "own", 20),
+            found(&unreplayable, "own", 20_000, None),
             AcquireOutcome::Completed { fingerprint: Some("f".into()), result: None, kept_for: Duration::ZERO }
         );
     }
@@ -142,19 +149,19 @@ mod tests {
     fn records_written_by_the_scripts_read_the_same() {
         // As lib.lua's encode writes them: a token in progress, an issued token.
         let token = b"P|1764505474123456|own||1000|9000||";
-        assert_eq!(found(token, "own", 0), AcquireOutcome::Acquired { fence: 1764505474123456 });
+        assert_eq!(found(token, "own", 0, None), AcquireOutcome::Acquired { fence: 1764505474123456 });
         assert_eq!(
-            found(token, "other", 400),
+            found(token, "other", 400_000, None),
             AcquireOutcome::InProgress { fingerprint: None, lease_left: Duration::from_millis(600) }
         );
         assert!(
-            matches!(found(token, "other", 1000), AcquireOutcome::Corrupt { reason } if reason.contains("parameter mode"))
+            matches!(found(token, "other", 1_000_000, None), AcquireOutcome::Corrupt { reason } if reason.contains("parameter mode"))
         );
         assert!(
-            matches!(found(b"I|0||||9000||", "own", 0), AcquireOutcome::Corrupt { reason } if reason.contains("parameter mode"))
+            matches!(found(b"I|0||||9000||", "own", 0, None), AcquireOutcome::Corrupt { reason } if reason.contains("parameter mode"))
         );
         assert!(
-            matches!(found(b"I|0||||||", "own", 0), AcquireOutcome::Corrupt { reason } if reason.contains("no expiry"))
+            matches!(found(b"I|0||||||", "own", 0, None), AcquireOutcome::Corrupt { reason } if reason.contains("no expiry"))
         );
     }
 
@@ -162,7 +169,7 @@ mod tests {
     fn foreign_strings_are_not_records() {
         for bad in [&b""[..], b"hello", b"C|12", b"X|1||||||", b"C|x||||||r", b"C|||||||r", b"P|-1||||||"] {
             assert_eq!(parse(bad), Err(NOT_A_RECORD), "{:?}", String::from_utf8_lossy(bad));
-            assert_eq!(found(bad, "own", 0), AcquireOutcome::Corrupt { reason: NOT_A_RECORD.into() });
+            assert_eq!(found(bad, "own", 0, None), AcquireOutcome::Corrupt { reason: NOT_A_RECORD.into() });
         }
     }
 }
