@@ -25,7 +25,7 @@ pub use idempotent_macros::idempotent;
 /// the runtime it calls always come from the same version of this crate. Not public API.
 #[doc(hidden)]
 pub mod __private {
-    pub use idempotent_core::{global, Call, OnConflict, OnDuplicate};
+    pub use idempotent_core::{global, Call, Error, KeyBuilder, OnConflict, OnDuplicate};
 
     use serde::de::DeserializeOwned;
     use serde::Serialize;

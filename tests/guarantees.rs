@@ -349,16 +349,7 @@ async fn calls_timed_out_in_an_outage_leave_no_held_key() {
             _ => server.restart(),
         }
         let back = Instant::now();
-        for key in &keys {
-            eventually(Duration::from_secs(5), &format!("{key} to be free after the outage ({outage})"), || async {
-                match idem.run(Call::new(key.as_str()), || async { R::Ok(1u8) }).await {
-                    Ok(v) => Some(v),
-                    Err(AppError::Idem(Error::Conflict { .. } | Error::Store { .. })) => None,
-                    Err(e) => panic!("{e:?}"),
-                }
-            })
-            .await;
-        }
+        all_free_within(&idem, &keys, Duration::from_secs(5)).await;
         println!("{outage}: all {} keys free {:?} after Redis came back", keys.len(), back.elapsed());
     }
 }
@@ -380,17 +371,23 @@ async fn calls_timed_out_through_a_proxy_restart_leave_no_held_key() {
         assert!(matches!(got, Err(AppError::Idem(Error::Store { .. }))), "{got:?}");
     }
     server.restart();
-    for key in &keys {
-        eventually(Duration::from_secs(5), &format!("{key} to be free"), || async {
+    all_free_within(&idem, &keys, Duration::from_secs(5)).await;
+    assert!(proxy.stats().accepted >= 2, "the client never reconnected through the proxy");
+}
+
+/// Runs each of `keys` until it succeeds (a store error or a conflict while the client
+/// reconnects is retried), each within `limit`: no key stays held.
+async fn all_free_within(idem: &Idempotency, keys: &[String], limit: Duration) {
+    for key in keys {
+        eventually(limit, &format!("{key} to be free"), || async {
             match idem.run(Call::new(key.as_str()), || async { R::Ok(1u8) }).await {
                 Ok(v) => Some(v),
                 Err(AppError::Idem(Error::Conflict { .. } | Error::Store { .. })) => None,
-                Err(e) => panic!("{e:?}"),
+                Err(e) => panic!("{key}: {e:?}"),
             }
         })
         .await;
     }
-    assert!(proxy.stats().accepted >= 2, "the client never reconnected through the proxy");
 }
 
 /// Redis goes away while a 1 s body runs: the caller gets its `Ok` within the commit deadline

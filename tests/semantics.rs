@@ -41,6 +41,7 @@ all_stores!(
     reject_policy_gives_duplicate,
     keep_zero_makes_a_mutex,
     oversized_result_is_completed_but_not_replayable,
+    values_that_cannot_replay_as_themselves_fail_at_the_first_call,
     transitions_are_safe_to_repeat,
     replay_cache_answers_locally_and_respects_keep,
 );
@@ -129,7 +130,30 @@ async fn replay_returns_identical_values(backend: Backend) {
     replays(&idem, "empty-vec", Vec::<u32>::new(), vec![1]).await;
     let receipt = Receipt { id: 7, amount_cents: -1250, note: None, tags: vec!["a\"b".into(), "ü".into()] };
     replays(&idem, "struct", receipt, Receipt { id: 8, amount_cents: 0, note: Some("x".into()), tags: vec![] }).await;
+    // Ordinary types beyond the falsy ones: each replays as itself.
+    replays(&idem, "some-some", Some(Some(3u8)), None).await;
+    replays(&idem, "some-none-nested-in-vec", vec![Some(1u8), None], vec![]).await;
+    replays(&idem, "floats", vec![0.1f64, -2.5e300, 0.0, f64::MIN_POSITIVE], vec![]).await;
+    replays(&idem, "u128", u128::MAX, 0).await;
+    replays(&idem, "char", 'é', 'x').await;
+    replays(&idem, "tuple", (1u8, String::from("a"), false), (0, String::new(), true)).await;
+    let map: std::collections::HashMap<String, u32> = (0..40).map(|i| (format!("k{i}"), i)).collect();
+    replays(&idem, "hash-map", map, Default::default()).await;
+    let int_keys: std::collections::BTreeMap<u16, String> = [(1, "a".into()), (500, "b".into())].into();
+    replays(&idem, "integer-keys", int_keys, Default::default()).await;
+    replays(&idem, "enum", Shape::Circle { r: 2.5 }, Shape::Dot).await;
+    replays(&idem, "unit-variant", Shape::Dot, Shape::Circle { r: 0.0 }).await;
+    replays(&idem, "unit-struct", Marker, Marker).await;
 }
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+enum Shape {
+    Dot,
+    Circle { r: f64 },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Marker;
 
 async fn error_releases_the_key(backend: Backend) {
     let fx = Fixture::new(backend, 1).await;
@@ -628,6 +652,43 @@ async fn oversized_result_is_completed_but_not_replayable(backend: Backend) {
     let again = idem.run(Call::new("big"), body(runs.clone())).await;
     assert!(matches!(again, Err(AppError::Idem(Error::Duplicate { replayable: false, .. }))), "{again:?}");
     assert_eq!(runs.load(SeqCst), 1, "an unreplayable result must not re-run the body");
+}
+
+/// Values JSON cannot carry exactly: the first call fails with `Codec`, naming the key and the
+/// type, instead of a different value or a failure at the first duplicate; the body ran, so the
+/// key stays completed (not replayable) and a duplicate gets `Duplicate` without running it.
+async fn values_that_cannot_replay_as_themselves_fail_at_the_first_call(backend: Backend) {
+    let fx = Fixture::new(backend, 1).await;
+    let idem = fx.idem(0);
+    async fn refused<T>(idem: &Idempotency, key: &str, value: T, type_name: &str, says: &str)
+    where
+        T: Serialize + DeserializeOwned + Clone + Send + std::fmt::Debug + 'static,
+    {
+        let runs = counter();
+        let body = |runs: Arc<AtomicUsize>, value: T| {
+            move || async move {
+                runs.fetch_add(1, SeqCst);
+                R::Ok(value)
+            }
+        };
+        let first = idem.run(Call::new(key).scope("exact"), body(runs.clone(), value.clone())).await;
+        match &first {
+            Err(AppError::Idem(Error::Codec { key: k, message })) => {
+                assert_eq!(k, &format!("exact:{key}"));
+                assert!(message.contains(type_name), "{key}: the message does not name the type: {message}");
+                assert!(message.contains(says), "{key}: {message}");
+            }
+            other => panic!("{key}: expected a Codec error at the first call, got {other:?}"),
+        }
+        let again = idem.run(Call::new(key).scope("exact"), body(runs.clone(), value)).await;
+        assert!(matches!(again, Err(AppError::Idem(Error::Duplicate { replayable: false, .. }))), "{key}: {again:?}");
+        assert_eq!(runs.load(SeqCst), 1, "{key}: the body ran again");
+    }
+    refused(&idem, "some-unit", Some(()), "Option<()>", "Some").await;
+    refused(&idem, "some-none", Some(None::<u8>), "Option<core::option::Option<u8>>", "Some").await;
+    refused(&idem, "nan", f64::NAN, "f64", "NaN").await;
+    let tuple_keys: std::collections::HashMap<(u8, u8), u8> = [((1, 2), 3)].into();
+    refused(&idem, "tuple-keys", tuple_keys, "HashMap<(u8, u8), u8>", "key must be a string").await;
 }
 
 /// A client re-sends commands whose replies it lost: each transition repeated by the same owner

@@ -42,6 +42,7 @@ mod error;
 mod global;
 mod hash;
 mod ids;
+mod key;
 mod runtime;
 pub mod store;
 mod watchdog;
@@ -51,6 +52,7 @@ pub use context::CallContext;
 pub use duration::parse_duration;
 pub use error::{Error, StoreError, StoreErrorKind};
 pub use global::{global, init, Global};
+pub use key::KeyBuilder;
 pub use runtime::{Idempotency, IdempotencyBuilder, DEFAULT_KEEP, DEFAULT_MAX_RESULT_BYTES, DEFAULT_TTL};
 pub use store::memory::MemoryStore;
 #[cfg(feature = "redis")]

@@ -382,11 +382,25 @@ impl Idempotency {
                 // From here on the key is never released: the body ran.
                 guard.store = None;
                 // Encoded before any await: the call's future holds no `&T` across one, so it is
-                // `Send` whenever `T` is.
-                let encoded = codec::encode(&value, self.inner.max_result_bytes);
-                match self.commit(call, &held, encoded, lease_end).await {
-                    Ok(()) => Ok(value),
-                    Err(source) => Err(Error::Store { key: context.key().to_owned(), source }.into()),
+                // `Send` whenever `T` is. A value that would not replay as itself is kept as
+                // completed but not replayable (the body ran: a duplicate must not run it again),
+                // and this first call says so.
+                let (encoded, inexact) = match codec::encode(&value, self.inner.max_result_bytes) {
+                    Ok(encoded) => (encoded, None),
+                    Err(why) => (Encoded::NotReplayable(why.clone()), Some(why)),
+                };
+                match (self.commit(call, &held, encoded, lease_end).await, inexact) {
+                    (Ok(()), None) => Ok(value),
+                    (Ok(()), Some(why)) => Err(Error::Codec {
+                        key: context.key().to_owned(),
+                        message: format!(
+                            "the result, of type `{}`, cannot be stored to replay as itself: {why}. The body ran; the \
+                             key is kept as completed but not replayable, so a duplicate gets `Error::Duplicate`",
+                            std::any::type_name::<T>()
+                        ),
+                    }
+                    .into()),
+                    (Err(source), _) => Err(Error::Store { key: context.key().to_owned(), source }.into()),
                 }
             }
         }

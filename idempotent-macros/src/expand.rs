@@ -83,8 +83,12 @@ fn rewrite(args: &Args, function: &ItemFn) -> syn::Result<TokenStream> {
     };
 
     let mode = args.mode.as_ref().map_or(Mode::Param, |(m, _)| *m);
+    let key_private = match &args.krate {
+        Some(path) => quote!(#path::__private),
+        None => quote!(::idempotency::__private),
+    };
     let key = match (&args.key, &args.mode) {
-        (Some(key), _) => match key_expression(key, &arguments, has_self, &known) {
+        (Some(key), _) => match key_expression(key, &arguments, has_self, &known, &key_private) {
             Ok(tokens) => Some(tokens),
             Err(e) => {
                 errors.push(e);
@@ -195,7 +199,10 @@ fn rewrite(args: &Args, function: &ItemFn) -> syn::Result<TokenStream> {
     let body = quote_spanned! {ret=> {
         #(#inner)*
         #check
-        let __idem_key = #key;
+        let __idem_key = match #key {
+            ::core::result::Result::Ok(key) => key,
+            ::core::result::Result::Err(e) => return ::core::result::Result::Err(::core::convert::From::from(e)),
+        };
         let __idem_call = #constructor #setters;
         #run
     }};
@@ -216,63 +223,100 @@ fn millis(d: std::time::Duration) -> proc_macro2::Literal {
     proc_macro2::Literal::u64_suffixed(d.as_millis() as u64)
 }
 
-/// `::std::format!("pay:{}:{}", cb.provider, cb.txn_id)`, every name checked against the
-/// function's arguments; errors and values are spanned on the template literal.
+/// The key: `KeyBuilder::new(template, reserved).text("pay:").value("cb.provider", &cb.provider)
+/// ...finish()`, every name checked against the function's arguments, and the template checked
+/// for what the escaping of values needs (literal text between two values, not starting with
+/// `%`). Errors and values are spanned on the template literal.
 fn key_expression(
     key: &LitStr,
     arguments: &[&Ident],
     has_self: bool,
     known: &dyn Fn() -> String,
+    private: &TokenStream,
 ) -> syn::Result<TokenStream> {
     let span = key.span();
-    let pieces = template::parse(&key.value()).map_err(|message| syn::Error::new(span, message))?;
+    let template = key.value();
+    let pieces = template::parse(&template).map_err(|message| syn::Error::new(span, message))?;
     if pieces.is_empty() {
         return Err(syn::Error::new(span, "the key template is empty"));
     }
-    let mut format = String::new();
-    let mut values = Vec::new();
-    for piece in pieces {
+    // A constant key needs no builder.
+    if let [Piece::Text(text)] = pieces.as_slice() {
+        let text = LitStr::new(text, span);
+        return Ok(quote_spanned!(span=> ::core::result::Result::<_, #private::Error>::Ok(::std::string::String::from(#text))));
+    }
+    // What a value must escape besides `%`: the first character of the text after each value
+    // that another value follows. A reader then finds where each value ends (at the first such
+    // character that is not escaped) and the whole key reads back one way only.
+    let mut reserved = String::new();
+    for (i, piece) in pieces.iter().enumerate() {
+        let (Some(Piece::Field { .. }), Piece::Text(text), Some(Piece::Field { path, .. })) =
+            (i.checked_sub(1).and_then(|p| pieces.get(p)), piece, pieces.get(i + 1))
+        else {
+            continue;
+        };
+        let first = text.chars().next().expect("text pieces are not empty");
+        if first == '%' {
+            return Err(syn::Error::new(
+                span,
+                format!(
+                    "the text before `{{{}}}` may not start with `%`: values are escaped with `%`, so a key \
+                     could read back two ways",
+                    path.join(".")
+                ),
+            ));
+        }
+        if !reserved.contains(first) {
+            reserved.push(first);
+        }
+    }
+    let mut steps = Vec::new();
+    let mut after_value = false;
+    for piece in &pieces {
         match piece {
-            Piece::Text(text) => format.push_str(&text.replace('{', "{{").replace('}', "}}")),
-            Piece::Field(path) => {
+            Piece::Text(text) => {
+                steps.push(quote_spanned!(span=> .text(#text)));
+                after_value = false;
+            }
+            Piece::Field { path, may_be_empty } => {
+                let shown = path.join(".");
+                if after_value {
+                    return Err(syn::Error::new(
+                        span,
+                        format!(
+                            "`{{{shown}}}` follows another placeholder directly: put literal text between them \
+                             (`{{a}}:{{b}}`), or two different pairs of values could make one key"
+                        ),
+                    ));
+                }
+                after_value = true;
                 let root = &path[0];
                 let value = if root == "self" {
                     if !has_self {
-                        return Err(syn::Error::new(
-                            span,
-                            format!("`{{{}}}`: there is no `self` here; {}", path.join("."), known()),
-                        ));
+                        return Err(syn::Error::new(span, format!("`{{{shown}}}`: there is no `self` here; {}", known())));
                     }
                     quote_spanned!(span=> self)
                 } else if arguments.iter().any(|a| a == &root) {
                     Ident::new(root, span).into_token_stream()
                 } else {
-                    return Err(syn::Error::new(
-                        span,
-                        format!("`{{{}}}`: `{root}` is not an argument; {}", path.join("."), known()),
-                    ));
+                    return Err(syn::Error::new(span, format!("`{{{shown}}}`: `{root}` is not an argument; {}", known())));
                 };
                 let fields = path[1..].iter().map(|field| match field.parse::<u32>() {
                     Ok(index) => syn::Member::Unnamed(syn::Index { index, span }),
                     Err(_) => syn::Member::Named(Ident::new(field, span)),
                 });
-                format.push_str("{}");
-                values.push(quote_spanned!(span=> #value #(.#fields)*));
+                let value = quote_spanned!(span=> &#value #(.#fields)*);
+                steps.push(if *may_be_empty {
+                    quote_spanned!(span=> .value_may_be_empty(#value))
+                } else {
+                    quote_spanned!(span=> .value(#shown, #value))
+                });
             }
         }
     }
-    // A constant key, or a key of one value, needs no `format!` (which clippy would flag).
-    Ok(match (values.as_slice(), format.as_str()) {
-        ([], _) => {
-            let text = LitStr::new(&format.replace("{{", "{").replace("}}", "}"), span);
-            quote_spanned!(span=> ::std::string::String::from(#text))
-        }
-        ([value], "{}") => quote_spanned!(span=> ::std::string::ToString::to_string(&#value)),
-        _ => {
-            let format = LitStr::new(&format, span);
-            quote_spanned!(span=> ::std::format!(#format #(, #values)*))
-        }
-    })
+    let template = LitStr::new(&template, span);
+    let reserved = LitStr::new(&reserved, span);
+    Ok(quote_spanned!(span=> #private::KeyBuilder::new(#template, #reserved) #(#steps)* .finish()))
 }
 
 #[cfg(test)]
@@ -295,7 +339,16 @@ mod tests {
         let expected = quote! {
             async fn on_payment_callback(cb: Callback) -> Result<Receipt, AppError> {
                 ::idempotency::__private::check_return::<Result<Receipt, AppError> >();
-                let __idem_key = ::std::format!("pay:{}:{}", cb.provider, cb.txn_id);
+                let __idem_key = match ::idempotency::__private::KeyBuilder::new("pay:{cb.provider}:{cb.txn_id}", ":")
+                    .text("pay:")
+                    .value("cb.provider", &cb.provider)
+                    .text(":")
+                    .value("cb.txn_id", &cb.txn_id)
+                    .finish()
+                {
+                    ::core::result::Result::Ok(key) => key,
+                    ::core::result::Result::Err(e) => return ::core::result::Result::Err(::core::convert::From::from(e)),
+                };
                 let __idem_call = ::idempotency::__private::Call::new(__idem_key)
                     .scope(::core::concat!(::core::module_path!(), "::on_payment_callback"))
                     .ttl(::core::time::Duration::from_millis(30000u64))
@@ -319,7 +372,7 @@ mod tests {
         );
         let out = expand(args, item).to_string();
         assert!(out.contains(r#"my :: idem :: __private :: Call :: token (__idem_key) ;"#), "{out}");
-        assert!(out.contains(r#"format ! ("{{{}}}" , token)"#), "{out}");
+        assert!(out.contains(r#"KeyBuilder :: new ("{{{token}}}" , "") . text ("{") . value ("token" , & token) . text ("}") . finish ()"#), "{out}");
         assert!(out.contains("(self . idem) . run (__idem_call , move || async move"), "{out}");
         let out = expand(
             quote!(key = "{token}", mode = Token),
@@ -329,7 +382,7 @@ mod tests {
                 }
             ),
         );
-        assert!(out.to_string().contains(":: std :: string :: ToString :: to_string (& token)"), "{out}");
+        assert!(out.to_string().contains(r#"KeyBuilder :: new ("{token}" , "") . value ("token" , & token) . finish ()"#), "{out}");
         let out = expand(
             quote!(key = "nightly-{{report}}"),
             quote!(
@@ -339,6 +392,11 @@ mod tests {
             ),
         );
         assert!(out.to_string().contains(r#":: std :: string :: String :: from ("nightly-{report}")"#), "{out}");
+        // Two values with nothing between them could be cut two ways.
+        let out = expand(quote!(key = "{a}{b}"), quote!(async fn f(a: u8, b: u8) -> R<u8> { Ok(1) })).to_string();
+        assert!(out.contains("follows another placeholder directly"), "{out}");
+        let out = expand(quote!(key = "{a}%{b}"), quote!(async fn f(a: u8, b: u8) -> R<u8> { Ok(1) })).to_string();
+        assert!(out.contains("may not start with `%`"), "{out}");
     }
 
     #[test]

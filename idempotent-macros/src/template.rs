@@ -6,8 +6,14 @@
 pub(crate) enum Piece {
     /// Literal text, braces unescaped.
     Text(String),
-    /// `{a.b.c}`: the argument `a` (or `self`) and the fields `b`, `c` (names or tuple indexes).
-    Field(Vec<String>),
+    /// `{a.b.c}`: the argument `a` (or `self`) and the fields `b`, `c` (names or tuple indexes);
+    /// `{a.b?}` when its value may be empty.
+    Field {
+        /// The argument and its fields.
+        path: Vec<String>,
+        /// Written `{...?}`: an empty value is allowed.
+        may_be_empty: bool,
+    },
 }
 
 /// Splits a template into pieces, or says what is wrong with it.
@@ -43,7 +49,11 @@ pub(crate) fn parse(template: &str) -> Result<Vec<Piece>, String> {
                 if !text.is_empty() {
                     pieces.push(Piece::Text(std::mem::take(&mut text)));
                 }
-                pieces.push(Piece::Field(placeholder(inner)?));
+                let (inner, may_be_empty) = match inner.strip_suffix('?') {
+                    Some(inner) => (inner, true),
+                    None => (inner, false),
+                };
+                pieces.push(Piece::Field { path: placeholder(inner)?, may_be_empty });
             }
             c => text.push(c),
         }
@@ -58,8 +68,9 @@ pub(crate) fn parse(template: &str) -> Result<Vec<Piece>, String> {
 fn placeholder(inner: &str) -> Result<Vec<String>, String> {
     let bad = || {
         format!(
-            "`{{{inner}}}` is not a key placeholder: write `{{arg}}`, `{{arg.field.sub}}` or `{{self.field}}` \
-             (no format specs; the values are formatted with `Display`)"
+            "`{{{inner}}}` is not a key placeholder: write `{{arg}}`, `{{arg.field.sub}}` or `{{self.field}}`, \
+             with a `?` at the end if its value may be empty (no format specs; the values are formatted with \
+             `Display`)"
         )
     };
     if inner.trim().is_empty() {
@@ -83,7 +94,7 @@ mod tests {
     use super::*;
 
     fn field(path: &[&str]) -> Piece {
-        Piece::Field(path.iter().map(|s| s.to_string()).collect())
+        Piece::Field { path: path.iter().map(|s| s.to_string()).collect(), may_be_empty: false }
     }
 
     #[test]
@@ -100,6 +111,10 @@ mod tests {
         );
         assert_eq!(parse("{self.pair.0}").unwrap(), vec![field(&["self", "pair", "0"])]);
         assert_eq!(parse("static").unwrap(), vec![Piece::Text("static".into())]);
+        assert_eq!(
+            parse("a:{note?}").unwrap(),
+            vec![Piece::Text("a:".into()), Piece::Field { path: vec!["note".into()], may_be_empty: true }]
+        );
     }
 
     #[test]
