@@ -20,6 +20,9 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps --quie
 echo "== cargo test"
 cargo test --workspace --all-features
 
+echo "== without the tls feature, a rediss:// URL is an error (never plaintext)"
+cargo test -p idempotent-core --no-default-features --features redis --lib
+
 echo "== packaging: every crate packages and builds from its tarball; a crate outside the workspace runs on them"
 bash scripts/package-check.sh
 

@@ -203,6 +203,17 @@ impl StoreError {
         self.kind
     }
 
+    /// The message, without the kind.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// The same error with `prefix: ` before its message.
+    pub(crate) fn prefixed(mut self, prefix: &str) -> Self {
+        self.message = format!("{prefix}: {}", self.message);
+        self
+    }
+
     /// A timeout after `after`.
     pub fn timeout(operation: &str, after: Duration) -> Self {
         StoreError::new(StoreErrorKind::Timeout, format!("{operation} got no answer within {after:?}"))

@@ -6,6 +6,7 @@
 pub mod cluster;
 pub mod proxy;
 pub mod sentinel;
+pub mod tls;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};

@@ -24,6 +24,9 @@ mod record;
 mod replies;
 mod scripts;
 mod supervise;
+#[cfg(feature = "tls")]
+mod tls;
+mod url;
 mod watch;
 
 pub use fred;
@@ -94,7 +97,15 @@ struct ReplicaAcks {
 /// Configures and connects a [`RedisStore`].
 #[must_use]
 pub struct RedisStoreBuilder {
-    config: Result<Config, Error>,
+    config: Result<Config, StoreError>,
+    /// The URL asks for TLS (or the fred configuration has it).
+    tls: bool,
+    #[cfg(feature = "tls")]
+    tls_settings: Result<tls::TlsSettings, StoreError>,
+    /// What errors call the servers: the URL, password masked.
+    shown: String,
+    /// The URL as given, to scrub its passwords from fred's messages (never shown).
+    url: Option<String>,
     prefix: String,
     pool_size: usize,
     timeout: Duration,
@@ -106,22 +117,56 @@ pub struct RedisStoreBuilder {
 impl RedisStore {
     /// Connects to the Redis at `url` with the default settings (prefix `idem`, 2 s timeout).
     ///
-    /// The URL is fred's: `redis://host:port/db`, `rediss://` for TLS when a TLS feature of
-    /// fred is on, `redis-cluster://host:port?node=host2:port2`,
-    /// `redis-sentinel://host:port?sentinelServiceName=mymaster`.
+    /// The URL is fred's: `redis://[user:password@]host:port/db`, `rediss://` for TLS,
+    /// `redis-cluster://host:port?node=host2:port2` (`rediss-cluster://`),
+    /// `redis-sentinel://host:port?sentinelServiceName=mymaster` (`rediss-sentinel://`), and the
+    /// same with `valkey` for `redis`. Any other scheme is an error naming the URL (its password
+    /// masked). A TLS URL connects over TLS (feature `tls`, on by default; without it, the URL
+    /// is an error), trusting the system's root certificates unless the builder is given a CA
+    /// ([`tls_ca_file`](RedisStoreBuilder::tls_ca_file)).
     pub async fn connect(url: &str) -> Result<RedisStore, StoreError> {
         Self::builder(url).connect().await
     }
 
-    /// A builder for a store on the Redis at `url`.
+    /// A builder for a store on the Redis at `url` (see [`connect`](Self::connect)).
     pub fn builder(url: &str) -> RedisStoreBuilder {
-        Self::from_config(Config::from_url(url))
+        let mut builder = match url::parse(url) {
+            Ok(parsed) => {
+                let mut builder = Self::from_config(Ok::<_, Error>(parsed.config));
+                builder.tls = parsed.tls;
+                builder.shown = parsed.shown;
+                builder
+            }
+            Err(e) => {
+                let mut builder = Self::from_config(Err(Error::new(ErrorKind::Config, "")));
+                builder.shown = url::masked(url);
+                builder.config = Err(e);
+                builder
+            }
+        };
+        builder.url = Some(url.to_owned());
+        builder
     }
 
-    /// A builder for a store on a fred [`Config`] (for settings a URL cannot carry).
+    /// A builder for a store on a fred [`Config`] (for settings a URL cannot carry). Its TLS
+    /// setting is used as it is, unless the builder is given a CA or a client certificate.
     pub fn from_config(config: impl Into<Result<Config, Error>>) -> RedisStoreBuilder {
+        let config = config.into().map_err(|e| store_error("configure", e));
+        #[cfg(feature = "tls")]
+        let tls = config.as_ref().is_ok_and(|c| c.tls.is_some());
+        #[cfg(not(feature = "tls"))]
+        let tls = false;
+        let shown = match &config {
+            Ok(c) => describe(c),
+            Err(_) => "the configured servers".to_owned(),
+        };
         RedisStoreBuilder {
-            config: config.into(),
+            config,
+            tls,
+            #[cfg(feature = "tls")]
+            tls_settings: Ok(tls::TlsSettings::default()),
+            shown,
+            url: None,
             prefix: DEFAULT_PREFIX.to_owned(),
             pool_size: 1,
             timeout: Duration::from_secs(2),
@@ -449,13 +494,92 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Trusts the CA certificates in the PEM file at `path` for TLS, instead of the system's
+    /// root certificates (feature `tls`). The URL must be a TLS one (`rediss://`).
+    #[cfg(feature = "tls")]
+    pub fn tls_ca_file(mut self, path: impl AsRef<std::path::Path>) -> Self {
+        let path = path.as_ref();
+        match std::fs::read(path) {
+            Ok(pem) => self.tls_ca_pem(pem),
+            Err(e) => {
+                self.tls_settings = Err(StoreError::new(
+                    StoreErrorKind::Config,
+                    format!("cannot read the TLS CA file {}: {e}", path.display()),
+                ));
+                self
+            }
+        }
+    }
+
+    /// Trusts the CA certificates in `pem` for TLS, instead of the system's root certificates
+    /// (feature `tls`). The URL must be a TLS one (`rediss://`).
+    #[cfg(feature = "tls")]
+    pub fn tls_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        if let Ok(settings) = &mut self.tls_settings {
+            settings.ca_pem = Some(pem.into());
+        }
+        self
+    }
+
+    /// Presents a client certificate over TLS (feature `tls`): the chain and its private key,
+    /// both PEM, for servers with `tls-auth-clients yes`.
+    #[cfg(feature = "tls")]
+    pub fn tls_client_cert_pem(mut self, chain: impl Into<Vec<u8>>, key: impl Into<Vec<u8>>) -> Self {
+        if let Ok(settings) = &mut self.tls_settings {
+            settings.client_pem = Some((chain.into(), key.into()));
+        }
+        self
+    }
+
+    /// The configuration to connect with, TLS set up as asked: a TLS URL without the `tls`
+    /// feature, or TLS settings for a URL that is not TLS, are errors, never plaintext.
+    fn resolved_config(&mut self) -> Result<Config, StoreError> {
+        let config = std::mem::replace(&mut self.config, Err(StoreError::new(StoreErrorKind::Config, "")));
+        #[allow(unused_mut)]
+        let mut config = config?;
+        #[cfg(feature = "tls")]
+        {
+            let settings = std::mem::replace(&mut self.tls_settings, Ok(tls::TlsSettings::default()))?;
+            if settings.is_set() && !self.tls {
+                return Err(StoreError::new(
+                    StoreErrorKind::Config,
+                    format!("TLS settings were given, but {} is not a TLS URL (rediss://)", self.shown),
+                ));
+            }
+            if self.tls && (settings.is_set() || self.url.is_some()) {
+                config.tls = Some(tls::connector(&settings)?.into());
+            }
+        }
+        #[cfg(not(feature = "tls"))]
+        if self.tls {
+            return Err(StoreError::new(
+                StoreErrorKind::Config,
+                format!(
+                    "{} asks for TLS, and this build has none: enable the `tls` feature of idempotency \
+                     (refusing to connect in plaintext)",
+                    self.shown
+                ),
+            ));
+        }
+        Ok(config)
+    }
+
     /// Connects the pool. Everything it does (connecting every connection, loading the scripts,
     /// reading the server's version) is bounded by the connect timeout as a whole: an
     /// unreachable server, a refused port or a listener that never answers is an error within
     /// it.
-    pub async fn connect(self) -> Result<RedisStore, StoreError> {
+    pub async fn connect(mut self) -> Result<RedisStore, StoreError> {
         keys::check_prefix(&self.prefix).map_err(|m| StoreError::new(StoreErrorKind::Config, m))?;
-        let config = self.config.map_err(|e| store_error("configure", e))?;
+        let config = self.resolved_config()?;
+        let (shown, url) = (self.shown.clone(), self.url.clone());
+        // Errors name the servers (password masked) and never carry a password fred put in.
+        let named = move |e: StoreError| {
+            let e = e.prefixed(&shown);
+            match &url {
+                Some(url) => StoreError::new(e.kind(), url::scrub(e.message(), url)),
+                None => e,
+            }
+        };
         let clustered = config.server.is_clustered();
         let mut builder = Builder::from_config(config);
         builder
@@ -482,7 +606,7 @@ impl RedisStoreBuilder {
             }
             server_version(pool.next()).await
         };
-        let version = match within("connect", self.connect_timeout, ready).await {
+        let version = match within("connect", self.connect_timeout, ready).await.map_err(named) {
             Ok(version) => version,
             Err(e) => {
                 // Not awaited: closing a client that never connected can itself wait.
@@ -539,6 +663,23 @@ async fn server_version(client: &Client) -> Result<u32, StoreError> {
     })
 }
 
+/// The servers a fred configuration names, for error messages.
+fn describe(config: &Config) -> String {
+    use fred::types::config::ServerConfig;
+    let hosts = |servers: &[fred::types::config::Server]| {
+        servers.iter().map(|s| format!("{}:{}", s.host, s.port)).collect::<Vec<_>>().join(",")
+    };
+    match &config.server {
+        ServerConfig::Centralized { server } => format!("redis server {}:{}", server.host, server.port),
+        ServerConfig::Clustered { hosts: servers, .. } => format!("redis cluster {}", hosts(servers)),
+        ServerConfig::Sentinel { hosts: servers, service_name, .. } => {
+            format!("redis sentinels {} (service {service_name})", hosts(servers))
+        }
+        #[allow(unreachable_patterns)]
+        _ => "the configured servers".to_owned(),
+    }
+}
+
 /// The server's clock in microseconds (`TIME`), from the node that holds `record_key`.
 async fn server_time(client: &Client, record_key: &str) -> Result<u64, Error> {
     let slot = fred::util::redis_keyslot(record_key.as_bytes());
@@ -574,6 +715,11 @@ async fn join_all<F: Future>(futs: impl IntoIterator<Item = F>) -> Vec<F::Output
 
 /// A fred error as a store error, with the kind a caller can act on.
 pub(crate) fn store_error(op: &str, e: Error) -> StoreError {
+    // rustls reports a refused certificate as an I/O error of the handshake.
+    if e.details().contains("InvalidCertificate") {
+        let message = format!("{op}: the server's TLS certificate is not trusted ({}); is the CA right?", e.details());
+        return StoreError::new(StoreErrorKind::Config, message).with_source(e);
+    }
     let kind = match e.kind() {
         ErrorKind::IO
         | ErrorKind::Canceled
@@ -584,6 +730,8 @@ pub(crate) fn store_error(op: &str, e: Error) -> StoreError {
         ErrorKind::Timeout => StoreErrorKind::Timeout,
         ErrorKind::Protocol | ErrorKind::Parse => StoreErrorKind::Reply,
         ErrorKind::Config | ErrorKind::Url | ErrorKind::Auth => StoreErrorKind::Config,
+        #[cfg(feature = "tls")]
+        ErrorKind::Tls => StoreErrorKind::Config,
         // A command whose reply channel was dropped unanswered: the connection's routing task
         // ended (the supervisor starts it again). Its fate is unknown, as with a dropped
         // connection.
@@ -638,5 +786,22 @@ impl std::fmt::Debug for RedisStore {
             .field("timeout", &self.inner.timeout)
             .field("clustered", &self.inner.clustered)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(all(test, not(feature = "tls")))]
+mod without_tls {
+    use super::*;
+
+    /// Without the `tls` feature a TLS URL is an error at connect, never a plaintext connection
+    /// (`scripts/test.sh` runs this with `--no-default-features --features redis`).
+    #[tokio::test]
+    async fn a_tls_url_is_an_error() {
+        for url in ["rediss://127.0.0.1:6379", "rediss-cluster://127.0.0.1:7000", "valkeys://u:pw@127.0.0.1:1"] {
+            let e = RedisStore::connect(url).await.err().expect("a TLS URL connected without TLS");
+            assert_eq!(e.kind(), StoreErrorKind::Config, "{e}");
+            assert!(e.to_string().contains("enable the `tls` feature"), "{e}");
+            assert!(!e.to_string().contains("pw@"), "{e}");
+        }
     }
 }

@@ -11,11 +11,13 @@ use fred::prelude::*;
 use tokio::task::JoinHandle;
 
 /// Starts `client`'s connection task and restarts it whenever it ends while `closing` is unset.
+/// Aborting the supervisor aborts the connection task too (and so closes its connections): a
+/// store that failed to connect leaves nothing reconnecting in the background.
 pub(crate) fn supervise(client: Client, closing: Arc<AtomicBool>) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let mut task = client.connect();
+        let mut task = AbortOnDrop(client.connect());
         loop {
-            let ended = task.await;
+            let ended = (&mut task.0).await;
             if closing.load(Ordering::Acquire) {
                 return;
             }
@@ -24,7 +26,16 @@ pub(crate) fn supervise(client: Client, closing: Arc<AtomicBool>) -> JoinHandle<
             if closing.load(Ordering::Acquire) {
                 return;
             }
-            task = client.connect();
+            task = AbortOnDrop(client.connect());
         }
     })
+}
+
+/// A task aborted when its handle is dropped.
+struct AbortOnDrop<T>(JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
