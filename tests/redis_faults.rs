@@ -338,8 +338,11 @@ async fn replica_acknowledgement_is_required_when_asked_for() {
     let got = late.await.unwrap();
     replica.resume();
     match got {
-        Err(AppError::Idem(Error::Store { ref source, .. })) => assert_eq!(source.kind(), StoreErrorKind::Replication),
-        other => panic!("expected a replication error at commit, got {other:?}"),
+        // The body ran: not "the store failed", but "stored, not confirmed durable".
+        Err(AppError::Idem(Error::Unconfirmed { ref source, .. })) => {
+            assert_eq!(source.kind(), StoreErrorKind::Replication)
+        }
+        other => panic!("expected an unconfirmed result at commit, got {other:?}"),
     }
     let replay = idem.run(Call::new("late-ack"), || async { R::Ok(String::from("ran again")) }).await;
     assert_eq!(replay.unwrap(), "durable", "the committed record was not kept on the primary");

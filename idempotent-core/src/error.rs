@@ -63,6 +63,18 @@ pub enum Error {
         #[source]
         source: StoreError,
     },
+    /// The body ran and its result was stored, but the store could not confirm it durable: fewer
+    /// replicas than required acknowledged the commit (see `RedisStoreBuilder::replica_acks`).
+    /// The record stays on the primary: a retry with the same key replays it, unless a failover
+    /// lost it.
+    #[error("key {}: the body ran and its result was stored, but it is not confirmed durable: {source}", shown(key))]
+    Unconfirmed {
+        /// The key.
+        key: String,
+        /// The store's error (kind `Replication`).
+        #[source]
+        source: StoreError,
+    },
     /// A value did not serialize, or stored bytes no longer decode as the result type.
     #[error("key {}: {message}", shown(key))]
     Codec {
@@ -114,6 +126,7 @@ impl Error {
             | Error::Timeout { key, .. }
             | Error::LeaseLost { key, .. }
             | Error::Store { key, .. }
+            | Error::Unconfirmed { key, .. }
             | Error::Codec { key, .. }
             | Error::Corrupt { key, .. }
             | Error::NotConfigured { key }

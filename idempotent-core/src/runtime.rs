@@ -227,9 +227,8 @@ impl Idempotency {
     /// ran, and a warning is logged; a commit that keeps failing is retried for at most the
     /// commit deadline before the value is returned, and in the background after it
     /// ([`IdempotencyBuilder::commit_deadline`]). The exception: a store that requires replica
-    /// acknowledgements and did not get them fails the call with [`Error::Store`] (kind
-    /// `Replication`); the record stays on the primary, so a retry replays it unless a failover
-    /// lost it.
+    /// acknowledgements and did not get them fails the call with [`Error::Unconfirmed`]; the
+    /// record stays on the primary, so a retry replays it unless a failover lost it.
     pub async fn run<T, E, F, Fut>(&self, mut call: Call, body: F) -> Result<T, E>
     where
         T: Serialize + DeserializeOwned,
@@ -400,7 +399,7 @@ impl Idempotency {
                         ),
                     }
                     .into()),
-                    (Err(source), _) => Err(Error::Store { key: context.key().to_owned(), source }.into()),
+                    (Err(source), _) => Err(Error::Unconfirmed { key: context.key().to_owned(), source }.into()),
                 }
             }
         }
@@ -514,8 +513,9 @@ impl Inner {
             match self.store.commit(request).await {
                 Err(e) if e.kind() != StoreErrorKind::Replication => {
                     if attempt >= 3 && Instant::now() + backoff >= until {
+                        // The body ran: its caller gets its value; a duplicate may run it again.
                         tracing::warn!(key = %pending.key, error = %e, attempt, "idempotency result not stored: the store failed until the lease ran out");
-                        return Err(e);
+                        return Ok(());
                     }
                     tracing::debug!(key = %pending.key, error = %e, attempt, "idempotency commit failed; retrying");
                 }

@@ -85,7 +85,9 @@ impl Shop {
 
 /// The app on `idem`: the page, the token endpoint, and the orders.
 pub fn app(idem: Idempotency, shop: Shop) -> Router {
-    let layer = IdempotencyLayer::new(idem);
+    // One key space for every browser: the page has no login to tell clients apart, and the
+    // keys are one-time tokens the server hands out, which nobody can guess.
+    let layer = IdempotencyLayer::shared_keys(idem);
     // Extra clicks wait for the first request and get its order, rather than a 409.
     let orders_guard = layer.clone().require_token().wait_in_flight(Duration::from_secs(10));
     Router::new()

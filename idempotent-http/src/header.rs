@@ -70,12 +70,38 @@ impl std::error::Error for KeyError {}
 /// assert!(matches!(parse_key(headers.get_all(&IDEMPOTENCY_KEY), 255), Err(KeyError::Malformed(_))));
 /// ```
 pub fn parse_key(values: GetAll<'_, HeaderValue>, max_bytes: usize) -> Result<String, KeyError> {
+    parse_key_with(values, max_bytes, false)
+}
+
+/// Like [`parse_key`]; with `lenient`, a value that is not quoted is taken as the key itself
+/// when it is a bare token (printable ASCII without spaces, quotes, commas, semicolons or
+/// backslashes), as many clients send a UUID.
+///
+/// ```
+/// use http::HeaderMap;
+/// use idempotent_http::header::{parse_key_with, IDEMPOTENCY_KEY};
+///
+/// let mut headers = HeaderMap::new();
+/// headers.insert(&IDEMPOTENCY_KEY, "8e03978e-40d5-43e8-bc93-6894a57f9324".parse().unwrap());
+/// assert_eq!(parse_key_with(headers.get_all(&IDEMPOTENCY_KEY), 255, true).unwrap(), "8e03978e-40d5-43e8-bc93-6894a57f9324");
+/// assert!(parse_key_with(headers.get_all(&IDEMPOTENCY_KEY), 255, false).is_err());
+/// ```
+pub fn parse_key_with(values: GetAll<'_, HeaderValue>, max_bytes: usize, lenient: bool) -> Result<String, KeyError> {
     let mut iter = values.iter();
     let Some(value) = iter.next() else { return Err(KeyError::Missing) };
     if iter.next().is_some() {
         return Err(KeyError::Repeated);
     }
-    let key = parse_sf_string_item(value.as_bytes()).map_err(KeyError::Malformed)?;
+    let raw = value.as_bytes();
+    // A value far longer than any key it could hold is refused before it is read.
+    if raw.len() > 2 * max_bytes + 64 {
+        return Err(KeyError::TooLong { len: raw.len(), max: max_bytes });
+    }
+    let bare = |b: &[u8]| !b.is_empty() && b.iter().all(|&c| c.is_ascii_graphic() && !b"\",;\\".contains(&c));
+    let key = match std::str::from_utf8(raw) {
+        Ok(text) if lenient && !text.trim_start().starts_with('"') && bare(text.trim().as_bytes()) => text.trim().to_owned(),
+        _ => parse_sf_string_item(raw).map_err(KeyError::Malformed)?,
+    };
     if key.is_empty() {
         return Err(KeyError::Empty);
     }
@@ -332,6 +358,21 @@ mod tests {
         headers.append(&IDEMPOTENCY_KEY, HeaderValue::from_static("\"a\""));
         headers.append(&IDEMPOTENCY_KEY, HeaderValue::from_static("\"a\""));
         assert_eq!(parse_key(headers.get_all(&IDEMPOTENCY_KEY), 16), Err(KeyError::Repeated));
+    }
+
+    #[test]
+    fn lenient_takes_bare_tokens_only() {
+        let lenient = |raw: &[u8]| {
+            let mut headers = HeaderMap::new();
+            headers.insert(&IDEMPOTENCY_KEY, HeaderValue::from_bytes(raw).unwrap());
+            parse_key_with(headers.get_all(&IDEMPOTENCY_KEY), 64, true)
+        };
+        assert_eq!(lenient(b"8e03978e-40d5-43e8-bc93-6894a57f9324").unwrap(), "8e03978e-40d5-43e8-bc93-6894a57f9324");
+        assert_eq!(lenient(br#""quoted""#).unwrap(), "quoted");
+        for bad in [&b"two words"[..], b"a,b", b"a;b", br"a\b", br#"unterminated""#] {
+            assert!(matches!(lenient(bad), Err(KeyError::Malformed(_))), "{:?}", String::from_utf8_lossy(bad));
+        }
+        assert!(matches!(parse(&[b'x'; 200]), Err(KeyError::TooLong { .. })), "an over-long raw value is refused unread");
     }
 
     #[test]

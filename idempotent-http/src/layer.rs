@@ -41,7 +41,7 @@ pub enum KeyMode {
     Token,
 }
 
-/// Picks the client a request comes from; see [`IdempotencyLayer::client_scope`].
+/// Picks the client a request comes from; see [`IdempotencyLayer::per_client`].
 pub type ClientScope = Arc<dyn Fn(&request::Parts) -> Option<String> + Send + Sync>;
 
 /// Decides from the status whether a response is stored; see [`IdempotencyLayer::store_if`].
@@ -60,6 +60,7 @@ pub(crate) struct Policy {
     pub(crate) replay_header: HeaderName,
     pub(crate) store_if: StorePredicate,
     pub(crate) client: ClientScope,
+    pub(crate) lenient_header: bool,
     pub(crate) on_conflict: OnConflict,
     pub(crate) ttl: Option<Duration>,
     pub(crate) keep: Option<Duration>,
@@ -87,21 +88,67 @@ impl Policy {
     }
 }
 
+/// The statuses a framework answers before a handler runs: a body that does not parse (400,
+/// 422), is too large (413) or of the wrong type (415), a missing or refused credential (401,
+/// 403), a method or representation the route does not serve (405, 406), a request that took
+/// too long or was too large in its parts (408, 411, 414, 431), a rate limit (429). Not stored by
+/// default: a client that fixes its request and retries with the same key gets it run.
+pub const REJECTED_BEFORE_THE_HANDLER: [StatusCode; 13] = [
+    StatusCode::BAD_REQUEST,
+    StatusCode::UNAUTHORIZED,
+    StatusCode::FORBIDDEN,
+    StatusCode::METHOD_NOT_ALLOWED,
+    StatusCode::NOT_ACCEPTABLE,
+    StatusCode::REQUEST_TIMEOUT,
+    StatusCode::LENGTH_REQUIRED,
+    StatusCode::PAYLOAD_TOO_LARGE,
+    StatusCode::URI_TOO_LONG,
+    StatusCode::UNSUPPORTED_MEDIA_TYPE,
+    StatusCode::UNPROCESSABLE_ENTITY,
+    StatusCode::TOO_MANY_REQUESTS,
+    StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+];
+
+/// Whether a response is stored by default: not a 5xx (a retry should run), and not a status
+/// frameworks answer before the handler runs ([`REJECTED_BEFORE_THE_HANDLER`]). A handler can
+/// have any response stored by putting [`Ran`] in its extensions.
+pub fn stored_by_default(status: StatusCode) -> bool {
+    !status.is_server_error() && !REJECTED_BEFORE_THE_HANDLER.contains(&status)
+}
+
+/// A marker a handler puts in a response's extensions to have it stored and replayed whatever
+/// its status: "this 422 is my answer, after work that must not run twice".
+///
+/// ```
+/// use axum::response::IntoResponse;
+/// use http::StatusCode;
+/// use idempotent_http::Ran;
+///
+/// let mut response = (StatusCode::UNPROCESSABLE_ENTITY, "card declined").into_response();
+/// response.extensions_mut().insert(Ran);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Ran;
+
 /// A tower layer that makes the requests it guards idempotent with the `Idempotency-Key`
 /// header, on an [`Idempotency`] runtime (and so on its store: memory or Redis).
 ///
-/// The defaults are those of a payments API:
+/// Built with a choice of key space: [`per_client`](Self::per_client) (each client's keys
+/// apart, as the IETF draft asks; [`client`](crate::client) has extractors for the usual
+/// cases) or [`shared_keys`](Self::shared_keys) (one key space for every client, which lets any
+/// client that knows another's key and body read its stored response). The other defaults are
+/// those of a payments API:
 ///
 /// | policy | default | change with |
 /// |---|---|---|
 /// | guarded methods | `POST`, `PATCH` (others pass through untouched) | [`methods`](Self::methods) |
 /// | key | required (400 without) | [`key_optional`](Self::key_optional), [`require_token`](Self::require_token) |
+/// | key header | a Structured Field string, `"..."` (400 otherwise) | [`lenient_header`](Self::lenient_header) |
 /// | key length | 255 bytes | [`max_key_bytes`](Self::max_key_bytes) |
 /// | in flight | 409 at once | [`wait_in_flight`](Self::wait_in_flight) |
-/// | stored responses | all but 5xx (a 5xx releases the key: the retry runs) | [`store_if`](Self::store_if) |
+/// | stored responses | all but 5xx and the statuses frameworks answer before a handler runs ([`stored_by_default`]); a response with [`Ran`] always | [`store_if`](Self::store_if) |
 /// | stored headers | `Content-Type`, `Content-Language`, `Content-Location`, `Location`, `ETag`, `Last-Modified` | [`store_headers`](Self::store_headers) |
 /// | replay marker | `Idempotent-Replayed: true` | [`replay_header`](Self::replay_header) |
-/// | client scope | one shared scope | [`client_scope`](Self::client_scope) |
 /// | request body read | 1 MiB (413 over) | [`max_request_bytes`](Self::max_request_bytes) |
 /// | response size | the runtime's `max_result_bytes` (1 MiB): larger ones are not replayable (409) | `IdempotencyBuilder::max_result_bytes` |
 /// | lease, retention | the runtime's (30 s renewed, 24 h) | [`ttl`](Self::ttl), [`keep`](Self::keep) |
@@ -109,12 +156,12 @@ impl Policy {
 /// ```
 /// use axum::{routing::post, Router};
 /// use idempotent_core::{Idempotency, MemoryStore};
-/// use idempotent_http::IdempotencyLayer;
+/// use idempotent_http::{client, IdempotencyLayer};
 ///
 /// let idem = Idempotency::new(MemoryStore::new());
 /// let app: Router = Router::new()
 ///     .route("/payments", post(|| async { "paid" }))
-///     .route_layer(IdempotencyLayer::new(idem));
+///     .route_layer(IdempotencyLayer::per_client(idem, client::authorization()));
 /// ```
 #[derive(Clone)]
 #[must_use]
@@ -123,8 +170,37 @@ pub struct IdempotencyLayer {
 }
 
 impl IdempotencyLayer {
-    /// A layer on `idem` with the default policies (see the table above).
-    pub fn new(idem: Idempotency) -> Self {
+    /// A layer on `idem` whose keys are scoped per client: `client` names the client a request
+    /// comes from (a hash of its credentials, an authenticated user id from the request's
+    /// extensions: see [`client`](crate::client)). Two clients sending the same key never collide
+    /// and never see each other's replays. When it returns `None` the request is refused with
+    /// 403; run authentication before this layer.
+    ///
+    /// ```
+    /// # use idempotent_core::{Idempotency, MemoryStore};
+    /// # use idempotent_http::{client, IdempotencyLayer};
+    /// # let idem = Idempotency::new(MemoryStore::new());
+    /// // Scoped by API key (hashed: the key itself never reaches the store).
+    /// let layer = IdempotencyLayer::per_client(idem.clone(), client::header("x-api-key"));
+    /// // Or by anything the request carries.
+    /// let layer = IdempotencyLayer::per_client(idem, |req| {
+    ///     req.headers.get("x-tenant").and_then(|v| v.to_str().ok()).map(str::to_owned)
+    /// });
+    /// ```
+    pub fn per_client(idem: Idempotency, client: impl Fn(&request::Parts) -> Option<String> + Send + Sync + 'static) -> Self {
+        Self::with_client(idem, Arc::new(client))
+    }
+
+    /// A layer on `idem` with one key space for every request, whoever sends it. A client that
+    /// learns another's key (and sends the same method, target and body) is replayed that
+    /// client's stored response: use it when one trusted client calls the endpoint (a payment
+    /// provider's callbacks, an internal service), or when keys are unguessable and responses
+    /// hold nothing private.
+    pub fn shared_keys(idem: Idempotency) -> Self {
+        Self::with_client(idem, Arc::new(|_: &request::Parts| Some(String::new())))
+    }
+
+    fn with_client(idem: Idempotency, client: ClientScope) -> Self {
         IdempotencyLayer {
             policy: Arc::new(Policy {
                 idem,
@@ -135,8 +211,9 @@ impl IdempotencyLayer {
                 max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
                 stored_headers: vec![CONTENT_TYPE, CONTENT_LANGUAGE, CONTENT_LOCATION, LOCATION, ETAG, LAST_MODIFIED],
                 replay_header: DEFAULT_REPLAY_HEADER.clone(),
-                store_if: Arc::new(|status: StatusCode| !status.is_server_error()),
-                client: Arc::new(|_: &request::Parts| Some(String::new())),
+                store_if: Arc::new(stored_by_default),
+                client,
+                lenient_header: false,
                 on_conflict: OnConflict::Reject,
                 ttl: None,
                 keep: None,
@@ -209,38 +286,28 @@ impl IdempotencyLayer {
         self.with(|p| p.replay_header = name)
     }
 
-    /// Which responses are stored, by status (default: all but 5xx). A response not stored is
-    /// passed to the client as it is and releases the key, so that a retry runs the handler
-    /// again (in token mode the token becomes usable again).
+    /// Which responses are stored, by status (default: [`stored_by_default`], all but 5xx and
+    /// the statuses frameworks answer before a handler runs). A response not stored is passed to
+    /// the client as it is and releases the key, so that a retry runs the handler again (in
+    /// token mode the token becomes usable again). A response carrying [`Ran`] is stored
+    /// whatever this says.
     ///
     /// ```
     /// # use idempotent_core::{Idempotency, MemoryStore};
     /// # use idempotent_http::IdempotencyLayer;
     /// # let idem = Idempotency::new(MemoryStore::new());
     /// // Store only successes: a 4xx (say, a declined card) may be retried with the same key.
-    /// let layer = IdempotencyLayer::new(idem).store_if(|status| status.is_success());
+    /// let layer = IdempotencyLayer::shared_keys(idem).store_if(|status| status.is_success());
     /// ```
     pub fn store_if(self, predicate: impl Fn(StatusCode) -> bool + Send + Sync + 'static) -> Self {
         self.with(|p| p.store_if = Arc::new(predicate))
     }
 
-    /// Scopes keys per client: `extract` names the client a request comes from (an
-    /// authenticated user id from the request's extensions, an API-key header...). Two clients
-    /// sending the same key never collide and never see each other's replays. When it returns
-    /// `None` the request is refused with 403; run authentication before this layer.
-    ///
-    /// By default all requests share one scope.
-    ///
-    /// ```
-    /// # use idempotent_core::{Idempotency, MemoryStore};
-    /// # use idempotent_http::IdempotencyLayer;
-    /// # let idem = Idempotency::new(MemoryStore::new());
-    /// let layer = IdempotencyLayer::new(idem).client_scope(|req| {
-    ///     req.headers.get("x-api-client").and_then(|v| v.to_str().ok()).map(str::to_owned)
-    /// });
-    /// ```
-    pub fn client_scope(self, extract: impl Fn(&request::Parts) -> Option<String> + Send + Sync + 'static) -> Self {
-        self.with(|p| p.client = Arc::new(extract))
+    /// Also accepts a key sent as a bare token (`Idempotency-Key: 8e03978e-40d5-...`), as many
+    /// clients send a UUID, besides the draft's quoted Structured Field string (`"..."`). Off by
+    /// default: the strict form is what the draft specifies.
+    pub fn lenient_header(self) -> Self {
+        self.with(|p| p.lenient_header = true)
     }
 
     /// A request finding its key in flight waits up to `patience` for the first one to finish,
@@ -293,6 +360,7 @@ impl fmt::Debug for IdempotencyLayer {
             .field("max_request_bytes", &p.max_request_bytes)
             .field("stored_headers", &p.stored_headers)
             .field("replay_header", &p.replay_header)
+            .field("lenient_header", &p.lenient_header)
             .field("on_conflict", &p.on_conflict)
             .field("token_path", &p.token_path)
             .finish_non_exhaustive()

@@ -7,12 +7,13 @@
 //! ```
 //! use axum::{routing::post, Router};
 //! use idempotent_core::{Idempotency, MemoryStore};
-//! use idempotent_http::IdempotencyLayer;
+//! use idempotent_http::{client, IdempotencyLayer};
 //!
 //! let idem = Idempotency::new(MemoryStore::new()); // or a RedisStore, for many instances
 //! let app: Router = Router::new()
 //!     .route("/payments", post(|| async { "charged once" }))
-//!     .route_layer(IdempotencyLayer::new(idem));
+//!     // Each client's keys apart: here, clients are told apart by their credentials.
+//!     .route_layer(IdempotencyLayer::per_client(idem, client::authorization()));
 //! ```
 //!
 //! What a client sees, for a guarded request (`POST`, `PATCH`) with `Idempotency-Key: "k"`:
@@ -23,18 +24,20 @@
 //! | `k` again, same method, path and body | the stored response replayed, with `Idempotent-Replayed: true` |
 //! | `k` again while the first is still running | 409 (or wait for it: [`IdempotencyLayer::wait_in_flight`]) |
 //! | `k` again with another method, path or body | 422 |
-//! | the handler answered 5xx | passed through, not stored: a retry with `k` runs again |
+//! | the handler answered 5xx, or a status frameworks answer before a handler runs (400, 422, 413, 415...) | passed through, not stored: a retry with `k` runs again |
 //! | the response was over the size limit | the first caller gets it; later ones 409 (not replayable) |
 //! | no key, on a route that requires one | 400 |
 //! | a malformed or over-long key | 400 |
 //!
 //! Errors are `application/problem+json` bodies (RFC 9457, [`problem`]). Keys are scoped per
-//! client with [`IdempotencyLayer::client_scope`]. Token mode
+//! client ([`IdempotencyLayer::per_client`], [`client`]), or shared by every client on purpose
+//! ([`IdempotencyLayer::shared_keys`]): the layer has no default that mixes clients. Token mode
 //! ([`IdempotencyLayer::require_token`], [`IdempotencyLayer::token_router`]) has the server
 //! hand out one-time keys, for pages that cannot make up good keys of their own.
 
 #![warn(missing_docs)]
 
+pub mod client;
 pub mod header;
 mod layer;
 pub mod problem;
@@ -44,8 +47,8 @@ mod token;
 
 pub use header::IDEMPOTENCY_KEY;
 pub use layer::{
-    ClientScope, IdempotencyLayer, KeyMode, StorePredicate, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_REPLAY_HEADER,
-    DEFAULT_TOKEN_PATH, DEFAULT_TOKEN_TTL,
+    stored_by_default, ClientScope, IdempotencyLayer, KeyMode, Ran, StorePredicate, DEFAULT_MAX_REQUEST_BYTES,
+    DEFAULT_REPLAY_HEADER, DEFAULT_TOKEN_PATH, DEFAULT_TOKEN_TTL, REJECTED_BEFORE_THE_HANDLER,
 };
 pub use service::IdempotencyService;
 pub use stored::StoredResponse;

@@ -41,6 +41,10 @@ pub enum ProblemKind {
     UnreadableResponse,
     /// 503: the idempotency store is unreachable or timed out; nothing was run.
     StoreUnavailable,
+    /// 503: the request ran and its response was stored, but the store could not confirm it
+    /// durable (too few replicas acknowledged it); a retry with the same key gets the stored
+    /// response unless a failover lost it.
+    Unconfirmed,
     /// 500: anything else (a stored response that no longer decodes, a corrupt record).
     Internal,
 }
@@ -58,7 +62,7 @@ impl ProblemKind {
             ProblemKind::RequestTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProblemKind::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             ProblemKind::UnreadableResponse => StatusCode::BAD_GATEWAY,
-            ProblemKind::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ProblemKind::StoreUnavailable | ProblemKind::Unconfirmed => StatusCode::SERVICE_UNAVAILABLE,
             ProblemKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -77,6 +81,7 @@ impl ProblemKind {
             ProblemKind::UnreadableBody => "unreadable-body",
             ProblemKind::UnreadableResponse => "unreadable-response",
             ProblemKind::StoreUnavailable => "store-unavailable",
+            ProblemKind::Unconfirmed => "unconfirmed",
             ProblemKind::Internal => "internal",
         }
     }
@@ -95,6 +100,7 @@ impl ProblemKind {
             ProblemKind::UnreadableBody => "Request body could not be read",
             ProblemKind::UnreadableResponse => "Response body could not be read",
             ProblemKind::StoreUnavailable => "Idempotency store unavailable",
+            ProblemKind::Unconfirmed => "The request ran; its stored response is not confirmed durable",
             ProblemKind::Internal => "Idempotency layer error",
         }
     }
@@ -148,7 +154,7 @@ impl Problem {
     }
 
     /// The response: the status, `Content-Type: application/problem+json`, `Cache-Control:
-    /// no-store`, and for a request in flight `Retry-After: 1`.
+    /// no-store`, and for a request in flight or an unconfirmed result `Retry-After: 1`.
     pub fn into_response(self) -> Response<Body> {
         let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let body = serde_json::to_vec(&self).unwrap_or_else(|_| b"{}".to_vec());
@@ -157,7 +163,7 @@ impl Problem {
         let headers = response.headers_mut();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
-        if self.kind == Some(ProblemKind::InFlight) {
+        if matches!(self.kind, Some(ProblemKind::InFlight | ProblemKind::Unconfirmed)) {
             headers.insert(RETRY_AFTER, HeaderValue::from_static("1"));
         }
         response
@@ -188,6 +194,7 @@ mod tests {
             ProblemKind::UnreadableBody,
             ProblemKind::UnreadableResponse,
             ProblemKind::StoreUnavailable,
+            ProblemKind::Unconfirmed,
             ProblemKind::Internal,
         ];
         let mut slugs: Vec<_> = kinds.iter().map(|k| k.slug()).collect();

@@ -14,8 +14,8 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use idempotent_core::{Call, Error};
 use tower_service::Service;
 
-use crate::header::{parse_key, KeyError, IDEMPOTENCY_KEY};
-use crate::layer::{KeyMode, Policy};
+use crate::header::{parse_key_with, KeyError, IDEMPOTENCY_KEY};
+use crate::layer::{KeyMode, Policy, Ran};
 use crate::problem::{Problem, ProblemKind};
 use crate::stored::StoredResponse;
 
@@ -130,7 +130,7 @@ where
                 Ok(collected) => collected.to_bytes(),
                 Err(e) => return Err(Failure::Unreadable(e.into().to_string())),
             };
-            if !(policy.store_if)(head.status) {
+            if head.extensions.get::<Ran>().is_none() && !(policy.store_if)(head.status) {
                 return Err(Failure::NotStored(Response::from_parts(head, Body::from(bytes))));
             }
             let stored = StoredResponse::capture(&head, &bytes, &policy.stored_headers);
@@ -160,7 +160,7 @@ where
 
 /// The call for a request's key, `None` when it runs unguarded, or the problem refusing it.
 fn prepare(policy: &Policy, parts: &request::Parts) -> Result<Option<Call>, Problem> {
-    let key = match parse_key(parts.headers.get_all(&IDEMPOTENCY_KEY), policy.max_key_bytes) {
+    let key = match parse_key_with(parts.headers.get_all(&IDEMPOTENCY_KEY), policy.max_key_bytes, policy.lenient_header) {
         Ok(key) => key,
         Err(KeyError::Missing) => {
             return match policy.mode {
@@ -239,9 +239,42 @@ pub(crate) fn problem_for(policy: &Policy, e: &Error) -> Problem {
             ProblemKind::StoreUnavailable,
             "the idempotency lease was lost while the request ran; retry later",
         ),
+        Error::Unconfirmed { source, .. } => {
+            tracing::warn!(error = %e, "idempotency result stored but not confirmed by replicas");
+            Problem::new(
+                ProblemKind::Unconfirmed,
+                format!(
+                    "the request ran and its response was stored, but the store could not confirm it is durable \
+                     ({source}); retry with the same key to get the stored response"
+                ),
+            )
+        }
         other => {
             tracing::error!(error = %other, "idempotency layer failed");
             Problem::new(ProblemKind::Internal, "the idempotency layer failed; see the server log")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use idempotent_core::{Idempotency, MemoryStore, StoreError, StoreErrorKind};
+
+    /// A commit the replicas did not acknowledge came after the handler ran: not "nothing ran,
+    /// retry later" (503 store-unavailable) but its own problem, saying a retry replays it.
+    #[test]
+    fn an_unconfirmed_commit_is_not_a_store_outage() {
+        let layer = crate::IdempotencyLayer::shared_keys(Idempotency::new(MemoryStore::new()));
+        let source = StoreError::new(StoreErrorKind::Replication, "commit: 0 of 1 replicas acknowledged within 100ms");
+        let p = problem_for(&layer.policy, &Error::Unconfirmed { key: "k".into(), source });
+        assert_eq!(p.kind(), Some(ProblemKind::Unconfirmed));
+        assert_eq!(p.status, 503);
+        assert!(p.detail.contains("the request ran") && p.detail.contains("retry with the same key"), "{}", p.detail);
+        assert!(!p.detail.contains("nothing ran"));
+        let store = StoreError::new(StoreErrorKind::Unavailable, "connection refused");
+        let p = problem_for(&layer.policy, &Error::Store { key: "k".into(), source: store });
+        assert_eq!(p.kind(), Some(ProblemKind::StoreUnavailable));
+        assert!(p.detail.contains("nothing ran"));
     }
 }

@@ -69,7 +69,7 @@ impl IdempotencyLayer {
     /// use idempotent_core::{Idempotency, MemoryStore};
     /// use idempotent_http::IdempotencyLayer;
     ///
-    /// let layer = IdempotencyLayer::new(Idempotency::new(MemoryStore::new()));
+    /// let layer = IdempotencyLayer::shared_keys(Idempotency::new(MemoryStore::new()));
     /// let app: Router = Router::new()
     ///     .route("/orders", post(|| async { "created" }).route_layer(layer.clone().require_token()))
     ///     .merge(layer.token_router());

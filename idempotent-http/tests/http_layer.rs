@@ -15,7 +15,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
-use idempotent_http::IdempotencyLayer;
+use idempotent_http::{client, IdempotencyLayer, Ran};
 use serde_json::Value;
 use support::{Backend, Fixture};
 
@@ -33,6 +33,9 @@ both_stores!(
     unidentified_client_is_403,
     token_is_consumed_once_and_usable_after_a_failure,
     unguarded_requests_pass_through,
+    clients_with_one_key_and_one_body_are_apart_by_their_credentials,
+    rejections_before_the_handler_are_not_stored,
+    lenient_header_takes_a_bare_uuid,
 );
 
 /// The largest serialized result the runtime stores for replay in these tests.
@@ -41,6 +44,8 @@ const MAX_RESULT_BYTES: usize = 2048;
 #[derive(Clone, Default)]
 struct Counters {
     orders: Arc<AtomicUsize>,
+    charges: Arc<AtomicUsize>,
+    typed: Arc<AtomicUsize>,
     flaky: Arc<AtomicUsize>,
     big: Arc<AtomicUsize>,
     tokens: Arc<AtomicUsize>,
@@ -87,8 +92,9 @@ fn client_as(name: &str) -> reqwest::Client {
 async fn server(backend: Backend) -> TestServer {
     let fixture = Fixture::new(backend, 1).await;
     let idem = fixture.idem_with(0, |b| b.max_result_bytes(MAX_RESULT_BYTES));
-    let layer = IdempotencyLayer::new(idem)
-        .client_scope(|req| req.headers.get("x-client").and_then(|v| v.to_str().ok()).map(str::to_owned));
+    let layer = IdempotencyLayer::per_client(idem, |req| {
+        req.headers.get("x-client").and_then(|v| v.to_str().ok()).map(str::to_owned)
+    });
     let counters = Counters::default();
     let app = Router::new()
         .route(
@@ -136,6 +142,30 @@ async fn server(backend: Backend) -> TestServer {
             "/open",
             post(|State(c): State<Counters>, h: HeaderMap, b: Bytes| async move { create(&c.open, &h, b).await })
                 .route_layer(layer.clone().key_optional()),
+        )
+        .route(
+            "/charges",
+            post(|State(c): State<Counters>, h: HeaderMap, b: Bytes| async move { create(&c.charges, &h, b).await })
+                .route_layer(IdempotencyLayer::per_client(layer.idempotency().clone(), client::authorization())),
+        )
+        .route(
+            "/typed",
+            post(|State(c): State<Counters>, axum::Json(order): axum::Json<TypedOrder>| async move {
+                let run = c.typed.fetch_add(1, SeqCst) + 1;
+                if order.qty == 0 {
+                    // The handler's own refusal, after work that must not run twice: stored.
+                    let mut declined = (StatusCode::UNPROCESSABLE_ENTITY, format!("declined, run {run}")).into_response();
+                    declined.extensions_mut().insert(Ran);
+                    return declined;
+                }
+                (StatusCode::CREATED, format!("{} x{}, run {run}", order.sku, order.qty)).into_response()
+            })
+            .route_layer(layer.clone()),
+        )
+        .route(
+            "/lenient",
+            post(|State(c): State<Counters>, h: HeaderMap, b: Bytes| async move { create(&c.orders, &h, b).await })
+                .route_layer(layer.clone().lenient_header()),
         )
         .merge(layer.token_router())
         .with_state(counters.clone());
@@ -469,6 +499,93 @@ async fn unguarded_requests_pass_through(backend: Backend) {
     let r = s.post("/open", Some("k9"), "x").send().await.unwrap();
     assert!(replayed(&r));
     assert_eq!(s.counters.open.load(SeqCst), 3);
+}
+
+#[derive(serde::Deserialize)]
+struct TypedOrder {
+    sku: String,
+    qty: u32,
+}
+
+/// The default the layer used to have mixed clients: bob, sending alice's key with alice's
+/// very body, was replayed alice's response (a receipt with her card). Scoped by credentials,
+/// he gets his own run; `shared_keys` would replay it, which is what that name says.
+async fn clients_with_one_key_and_one_body_are_apart_by_their_credentials(backend: Backend) {
+    let s = server(backend).await;
+    let as_user = |token: &str| {
+        s.http
+            .post(s.url("/charges"))
+            .header("authorization", format!("Bearer {token}"))
+            .header("idempotency-key", "\"charge-1\"")
+            .body("card 4242, 10 EUR")
+    };
+    let alice = as_user("alice-token").send().await.unwrap();
+    assert_eq!(alice.status(), 201);
+    let alice_body: Value = alice.json().await.unwrap();
+    let bob = as_user("bob-token").send().await.unwrap();
+    assert_eq!(bob.status(), 201);
+    assert!(!replayed(&bob), "bob was replayed alice's response");
+    let bob_body: Value = bob.json().await.unwrap();
+    assert_ne!(bob_body["run"], alice_body["run"]);
+    let again = as_user("alice-token").send().await.unwrap();
+    assert!(replayed(&again));
+    assert_eq!(again.json::<Value>().await.unwrap()["run"], alice_body["run"]);
+    // No credentials: refused, not put in some shared space.
+    let r = s.http.post(s.url("/charges")).header("idempotency-key", "\"charge-1\"").body("x").send().await.unwrap();
+    problem(r, 403, "unidentified-client").await;
+    assert_eq!(s.counters.charges.load(SeqCst), 2);
+}
+
+/// A body axum's extractor refuses (not JSON: 400; wrong content type: 415; wrong shape: 422)
+/// is answered before the handler runs: not stored, so the client that fixes its body and
+/// retries with the same key gets it run. The handler's own 422, marked `Ran`, is stored.
+async fn rejections_before_the_handler_are_not_stored(backend: Backend) {
+    let s = server(backend).await;
+    let post = |key: &str, content_type: &str, body: &str| {
+        s.http
+            .post(s.url("/typed"))
+            .header("idempotency-key", format!("\"{key}\""))
+            .header("content-type", content_type)
+            .body(body.to_owned())
+    };
+    for (key, content_type, body, status) in [
+        ("fix-1", "application/json", "{not json", 400),
+        ("fix-2", "text/plain", r#"{"sku":"tea","qty":1}"#, 415),
+        ("fix-3", "application/json", r#"{"sku":"tea"}"#, 422),
+    ] {
+        let r = post(key, content_type, body).send().await.unwrap();
+        assert_eq!(r.status(), status, "{key}");
+        assert!(!replayed(&r));
+        // The fixed request, same key: the handler runs (a different body is not a key reuse:
+        // nothing was stored for the first one).
+        let r = post(key, "application/json", r#"{"sku":"tea","qty":2}"#).send().await.unwrap();
+        assert_eq!(r.status(), 201, "{key}: the corrected retry got the old rejection");
+        assert!(!replayed(&r));
+    }
+    assert_eq!(s.counters.typed.load(SeqCst), 3);
+    // The handler's own 422, marked as ran: stored and replayed.
+    let r = post("declined", "application/json", r#"{"sku":"tea","qty":0}"#).send().await.unwrap();
+    assert_eq!(r.status(), 422);
+    let r = post("declined", "application/json", r#"{"sku":"tea","qty":0}"#).send().await.unwrap();
+    assert_eq!(r.status(), 422);
+    assert!(replayed(&r), "the handler's own refusal was not stored");
+    assert_eq!(s.counters.typed.load(SeqCst), 4);
+}
+
+/// Strict by default (the draft's quoted form); `lenient_header` also takes a bare UUID.
+async fn lenient_header_takes_a_bare_uuid(backend: Backend) {
+    let s = server(backend).await;
+    let uuid = "8e03978e-40d5-43e8-bc93-6894a57f9324";
+    let r = s.http.post(s.url("/orders")).header("idempotency-key", uuid).body("{}").send().await.unwrap();
+    problem(r, 400, "malformed-key").await;
+    let first = s.http.post(s.url("/lenient")).header("idempotency-key", uuid).body("{}").send().await.unwrap();
+    assert_eq!(first.status(), 201);
+    // The bare and the quoted forms are one key.
+    let quoted =
+        s.http.post(s.url("/lenient")).header("idempotency-key", format!("\"{uuid}\"")).body("{}").send().await.unwrap();
+    assert!(replayed(&quoted));
+    let r = s.http.post(s.url("/lenient")).header("idempotency-key", "two words").body("{}").send().await.unwrap();
+    problem(r, 400, "malformed-key").await;
 }
 
 /// Awaits all futures concurrently (each on its own task), in order.
