@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use idempotency::store::redis::fred::prelude::*;
 use idempotency::store::{AcquireOutcome, AcquireRequest, CommitRequest, Transition};
-use idempotency::{Call, Error, Idempotency, MemoryStore, Mode, RedisStore, Store};
+use idempotency::{Call, Error, Idempotency, MemoryStore, RedisStore, Store};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
@@ -804,7 +804,6 @@ async fn run(o: Options) {
                         owner: &owner,
                         lease: Duration::from_secs(30),
                         fingerprint: None,
-                        mode: Mode::Param,
                         will_wait: false,
                         report_ttl: false,
                     };

@@ -84,7 +84,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let page_token = || idempotency::global().issue_token(Duration::from_secs(600));
 
     let order = NewOrder { item: "teapot".into(), qty: 1, card: "4242-4242-4242-4242".into() };
-    let token = page_token().await?;
+    let token = page_token()?;
     println!("1. the order page is served with token {token}");
 
     let (first, second) = tokio::join!(submit_order(&token, &order), submit_order(&token, &order));
@@ -101,7 +101,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("4. a token never issued:          {}", show(&forged));
     assert!(matches!(forged, Err(AppError::Idempotency(Error::InvalidToken { .. }))));
 
-    let token = page_token().await?;
+    let token = page_token()?;
     let declined = NewOrder { card: "4000-0000-0000-0002".into(), ..order.clone() };
     let failed = submit_order(&token, &declined).await;
     println!("5. a new page, the card declined: {}", show(&failed));

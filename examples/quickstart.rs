@@ -70,7 +70,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("4. a failed attempt releases:       {}", show(&charge(&idem, 3, true).await));
     println!("   so the retry runs:               {}", show(&charge(&idem, 3, false).await));
 
-    let token = idem.issue_token(Duration::from_secs(60)).await?;
+    let token = idem.issue_token(Duration::from_secs(60))?;
     let submit = || {
         idem.run(Call::token(&token), || async {
             tokio::time::sleep(Duration::from_millis(100)).await;

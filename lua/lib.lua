@@ -3,28 +3,28 @@
 --
 -- A record is one Redis string, fields joined by '|' in this order (empty when not set):
 --
---   s|n|o|f|l|te|w|r
+--   s|n|o|f|t|w|r
 --
---   s   state: 'I' issued token, 'P' in progress, 'C' completed
---   n   fencing token of the latest acquisition: the server's clock in microseconds when the
---       key was taken (0 for a token never acquired, and in the record of a plain `SET NX GET`
---       acquire, whose token is the server's `TIME` read right after it)
---   o   owner id of the attempt holding the key (P only)
+--   s   state: 'P' in progress, 'C' completed
+--   n   fencing token of the acquisition: the server's clock in microseconds when the key was
+--       taken by a script; 0 in the record of a plain `SET NX GET` acquire, whose token is the
+--       server's `TIME` read right after it (a C record always carries the acquisition's token)
+--   o   owner id of the attempt holding the key (P only); the runtime's owner ids begin with
+--       the time the attempt started (see docs/records.md)
 --   f   fingerprint of the payload the key was first used with
---   l   token records while P: when the holder's lease ends (unix ms, the server's clock);
---       empty otherwise (how long a record lives is its key's expiry: PTTL)
---   te  token records: when the token expires (unix ms)
+--   t   C only: when the result was stored (unix ms), by the committing client's clock: for
+--       operators (age filters), never for a decision
 --   w   '1' when a caller waits for the key to change (commit/release then PUBLISH on the
 --       key's name)
 --   r   the stored result, last so it may contain '|' (C only; empty when not replayable: a
 --       JSON result is never empty)
 --
--- So `redis-cli GET <key>` shows a completed record as `C|1764505474123456||||||{"id":7}`.
--- Parameter-mode records carry their lease (P) or their keep (C) as the key's own expiry.
+-- So `redis-cli GET <key>` shows a completed record as `C|1764505474123456|||1764505474200||{"id":7}`.
+-- A record's lifetime is its key's own expiry: the lease while P, `keep` once C (`PTTL`).
 -- A string keeps a completed record at its result's size plus a few dozen bytes, where a hash
 -- with a result over 64 bytes would leave the compact encoding and cost hundreds.
 
-local FIELDS = { 's', 'n', 'o', 'f', 'l', 'te', 'w' }
+local FIELDS = { 's', 'n', 'o', 'f', 't', 'w' }
 
 local function now_us()
   local t = redis.call('TIME')
@@ -37,7 +37,7 @@ local function int(n)
 end
 
 local function encode(rec)
-  return table.concat({ rec.s, rec.n, rec.o or '', rec.f or '', rec.l or '', rec.te or '', rec.w or '', rec.r or '' }, '|')
+  return table.concat({ rec.s, rec.n, rec.o or '', rec.f or '', rec.t or '', rec.w or '', rec.r or '' }, '|')
 end
 
 local function decode(v)
@@ -69,7 +69,7 @@ local function load(key, got)
     return nil
   end
   local rec = decode(v)
-  if not rec or (rec.s ~= 'I' and rec.s ~= 'P' and rec.s ~= 'C') or not string.match(rec.n, '^%d+$') then
+  if not rec or (rec.s ~= 'P' and rec.s ~= 'C') or not string.match(rec.n, '^%d+$') then
     return false, 'holds a string that is not an idempotency record'
   end
   return rec

@@ -453,3 +453,23 @@ async fn primary_killed_mid_run_replica_takes_over() {
         run.recovered - run.broken
     );
 }
+
+/// The least-privilege user of docs/security.md, plus `+cluster|slots +cluster|info` (fred reads
+/// the slot map and the cluster state with them), on every node: the store logs in as it (username and password in the URL) and
+/// calls on keys over every primary work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_least_privilege_user_works_on_a_cluster() {
+    let cluster = tokio::task::block_in_place(RedisCluster::shared);
+    let rules = format!("{} +cluster|slots +cluster|info", support::ACL_RULES);
+    for port in cluster.live_ports() {
+        support::create_acl_user(port, &rules);
+    }
+    let url = cluster.url().replacen("redis-cluster://", "redis-cluster://idem:s3cret@", 1);
+    let idem = Idempotency::new(RedisStore::connect(&url).await.expect("connect as the ACL user"));
+    for i in 0..30 {
+        let key = format!("acl:{i}");
+        let first: Result<usize, Error> = idem.run(Call::new(key.as_str()), || async move { Ok(i) }).await;
+        let again: Result<usize, Error> = idem.run(Call::new(key.as_str()), || async move { Ok(i + 100) }).await;
+        assert_eq!((first.unwrap(), again.unwrap()), (i, i), "{key}");
+    }
+}

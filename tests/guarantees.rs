@@ -55,8 +55,20 @@ fn holder_child() {
             tokio::spawn(async move {
                 let call = Call::new(key);
                 let _: R<()> = match action.as_str() {
-                    "release" => idem.run(call, || async move { report(); Err(AppError::Failed("release")) }).await,
-                    "commit" => idem.run(call.keep(ms(50)), || async move { report(); Ok(()) }).await,
+                    "release" => {
+                        idem.run(call, || async move {
+                            report();
+                            Err(AppError::Failed("release"))
+                        })
+                        .await
+                    }
+                    "commit" => {
+                        idem.run(call.keep(ms(50)), || async move {
+                            report();
+                            Ok(())
+                        })
+                        .await
+                    }
                     "expire" => {
                         idem.run(call.ttl(ms(150)).renew(false), || async move {
                             report();
@@ -233,8 +245,20 @@ async fn fences_strictly_increase_across_holders_and_stalls() {
                 };
                 let call = Call::new(key);
                 let _: R<()> = match action {
-                    "release" => idem.run(call, || async move { report(); Err(AppError::Failed("release")) }).await,
-                    "commit" => idem.run(call.keep(ms(50)), || async move { report(); Ok(()) }).await,
+                    "release" => {
+                        idem.run(call, || async move {
+                            report();
+                            Err(AppError::Failed("release"))
+                        })
+                        .await
+                    }
+                    "commit" => {
+                        idem.run(call.keep(ms(50)), || async move {
+                            report();
+                            Ok(())
+                        })
+                        .await
+                    }
                     _ => {
                         idem.run(call.ttl(ms(150)).renew(false), || async move {
                             report();
@@ -339,9 +363,12 @@ async fn calls_timed_out_in_an_outage_leave_no_held_key() {
         }
         let keys: Vec<String> = (0..8).map(|i| format!("{outage}:{i}")).collect();
         for key in &keys {
-            let got = tokio::time::timeout(Duration::from_secs(5), idem.run(Call::new(key.as_str()), || async { R::Ok(0u8) }))
-                .await
-                .expect("hung while Redis was down");
+            let got = tokio::time::timeout(
+                Duration::from_secs(5),
+                idem.run(Call::new(key.as_str()), || async { R::Ok(0u8) }),
+            )
+            .await
+            .expect("hung while Redis was down");
             assert!(matches!(got, Err(AppError::Idem(Error::Store { .. }))), "{outage}: {got:?}");
         }
         match outage {
@@ -418,7 +445,8 @@ async fn commit_during_an_outage_answers_within_the_deadline() {
     });
     tokio::time::sleep(ms(300)).await;
     server.kill();
-    let got = tokio::time::timeout(Duration::from_secs(10), running).await.expect("the caller waited past 10 s").unwrap();
+    let got =
+        tokio::time::timeout(Duration::from_secs(10), running).await.expect("the caller waited past 10 s").unwrap();
     let answered = Instant::now();
     assert_eq!(got.unwrap(), 7);
     let after_body = answered - body_ended.lock().unwrap().unwrap();
@@ -458,7 +486,10 @@ async fn connect_is_bounded_by_its_timeout() {
             let t = Instant::now();
             let got = tokio::time::timeout(
                 Duration::from_secs(20),
-                RedisStore::builder(&format!("redis://127.0.0.1:{port}")).connect_timeout(bound).timeout(bound).connect(),
+                RedisStore::builder(&format!("redis://127.0.0.1:{port}"))
+                    .connect_timeout(bound)
+                    .timeout(bound)
+                    .connect(),
             )
             .await
             .unwrap_or_else(|_| panic!("{what}, attempt {attempt}: connect still pending after 20 s"));
@@ -471,4 +502,3 @@ async fn connect_is_bounded_by_its_timeout() {
     assert!(!accepted.lock().unwrap().is_empty(), "the black-holed listener was never reached");
     println!("connect gave up within {worst:?} at worst (bound {bound:?})");
 }
-

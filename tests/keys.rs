@@ -41,7 +41,9 @@ fn value() -> impl Strategy<Value = String> {
 fn keys(a: &str, b: &str, c: &str) -> [String; 4] {
     let build = |builder: KeyBuilder| builder.finish().expect("empty values are allowed here");
     [
-        build(KeyBuilder::new("pay:{a?}:{b?}", ":").text("pay:").value_may_be_empty(&a).text(":").value_may_be_empty(&b)),
+        build(
+            KeyBuilder::new("pay:{a?}:{b?}", ":").text("pay:").value_may_be_empty(&a).text(":").value_may_be_empty(&b),
+        ),
         build(
             KeyBuilder::new("{a?}-{b?}/{c?}", "-/")
                 .value_may_be_empty(&a)
@@ -50,8 +52,22 @@ fn keys(a: &str, b: &str, c: &str) -> [String; 4] {
                 .text("/")
                 .value_may_be_empty(&c),
         ),
-        build(KeyBuilder::new("x{a?}→y{b?}z", "→").text("x").value_may_be_empty(&a).text("→y").value_may_be_empty(&b).text("z")),
-        build(KeyBuilder::new("{{{a?}}}:{b?}%", "}").text("{").value_may_be_empty(&a).text("}:").value_may_be_empty(&b).text("%")),
+        build(
+            KeyBuilder::new("x{a?}→y{b?}z", "→")
+                .text("x")
+                .value_may_be_empty(&a)
+                .text("→y")
+                .value_may_be_empty(&b)
+                .text("z"),
+        ),
+        build(
+            KeyBuilder::new("{{{a?}}}:{b?}%", "}")
+                .text("{")
+                .value_may_be_empty(&a)
+                .text("}:")
+                .value_may_be_empty(&b)
+                .text("%"),
+        ),
     ]
 }
 

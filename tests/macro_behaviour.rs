@@ -129,7 +129,7 @@ async fn token_mode_runs_each_token_once(backend: Backend) {
     assert!(matches!(unknown, Err(AppError::Idem(Error::InvalidToken { .. }))), "{unknown:?}");
     assert_eq!(runs.load(SeqCst), 0, "an unknown token ran the body");
 
-    let token = idem.issue_token(Duration::from_secs(60)).await.unwrap();
+    let token = idem.issue_token(Duration::from_secs(60)).unwrap();
     let failed = submit(&idem, &runs, &token, &order, true).await;
     assert!(matches!(failed, Err(AppError::Failed(_))), "{failed:?}");
     let first = submit(&idem, &runs, &token, &order, false).await.unwrap();

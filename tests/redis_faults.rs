@@ -148,8 +148,12 @@ async fn unreachable_redis_is_a_prompt_error_then_recovers() {
             .expect("hung while Redis was down");
         assert!(matches!(got, Err(AppError::Idem(Error::Store { .. }))), "{got:?}");
     }
-    let tokens = tokio::time::timeout(Duration::from_secs(10), idem.issue_token(Duration::from_secs(1))).await;
-    assert!(matches!(tokens, Ok(Err(Error::Store { .. }))), "{tokens:?}");
+    // Tokens are signed, not stored: issuing one needs no store.
+    let token = idem.issue_token(Duration::from_secs(60)).expect("issued without Redis");
+    let used = tokio::time::timeout(Duration::from_secs(10), idem.run(Call::token(&token), || async { R::Ok(4u8) }))
+        .await
+        .expect("hung while Redis was down");
+    assert!(matches!(used, Err(AppError::Idem(Error::Store { .. }))), "{used:?}");
     server.restart();
     let back = eventually(Duration::from_secs(10), "the store to reconnect", || async {
         idem.run(Call::new("after"), || async { R::Ok(3u8) }).await.ok()
@@ -167,7 +171,7 @@ async fn script_flush_is_transparent() {
     // EVALSHA meets NOSCRIPT and falls back to EVAL, which caches the script again.
     assert_eq!(idem.run(Call::new("one"), || async { R::Ok(9u8) }).await.unwrap(), 1);
     assert_eq!(idem.run(Call::new("two"), || async { R::Ok(2u8) }).await.unwrap(), 2);
-    let token = idem.issue_token(Duration::from_secs(5)).await.unwrap();
+    let token = idem.issue_token(Duration::from_secs(5)).unwrap();
     assert_eq!(server.command(&["SCRIPT", "FLUSH"]).unwrap(), "OK");
     assert_eq!(idem.run(Call::token(&token), || async { R::Ok(3u8) }).await.unwrap(), 3);
 }
@@ -274,17 +278,21 @@ async fn record_is_readable_with_redis_cli() {
     assert_eq!(out.unwrap(), vec!["widget"]);
     let key = store.record_key("orders:42");
     assert!(key.starts_with("idem:{") && key.ends_with("}:orders:42"), "{key}");
-    // s|n|o|f|l|te|w|r: completed, a fence, no owner kept, no fingerprint, the JSON result; how
-    // long it lives is the key's own expiry.
+    // s|n|o|f|t|w|r: completed, a fence, no owner kept, no fingerprint, when it was stored
+    // (unix ms, by the committing client's clock), not watched, the JSON result; how long it
+    // lives is the key's own expiry.
     let record = server.command(&["GET", &key]).unwrap();
-    let fields: Vec<&str> = record.splitn(8, '|').collect();
-    assert_eq!(fields.len(), 8, "{record}");
+    let fields: Vec<&str> = record.splitn(7, '|').collect();
+    assert_eq!(fields.len(), 7, "{record}");
     assert_eq!(fields[0], "C", "{record}");
     let fence: u64 = fields[1].parse().unwrap();
-    assert_eq!(&fields[2..7], &["", "", "", "", ""], "{record}");
-    assert_eq!(fields[7], r#"["widget"]"#);
+    assert_eq!(&fields[2..4], &["", ""], "{record}");
+    let stored_ms: u64 = fields[4].parse().unwrap();
+    assert_eq!(fields[5], "", "{record}");
+    assert_eq!(fields[6], r#"["widget"]"#);
     let time = server.command(&["TIME"]).unwrap();
     let redis_secs: u64 = time.lines().next().unwrap().trim().parse().unwrap();
+    assert!((stored_ms / 1000).abs_diff(redis_secs) <= 2, "stored at {stored_ms}, Redis time {redis_secs}");
     // The fence is Redis's time of the acquisition, in µs.
     assert!((fence / 1_000_000).abs_diff(redis_secs) <= 2, "fence {fence}, Redis time {redis_secs}");
     let ttl: i64 = server.command(&["TTL", &key]).unwrap().parse().unwrap();

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idempotency::store::{AcquireOutcome, AcquireRequest, CommitRequest, Lease, Transition};
-use idempotency::{Call, CallContext, Error, Idempotency, Mode, OnConflict, OnDuplicate};
+use idempotency::{Call, CallContext, Error, Idempotency, OnConflict, OnDuplicate};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use support::{counter, eventually, ms, AppError, Backend, Fixture, R};
@@ -353,7 +353,6 @@ async fn fencing_tokens_strictly_increase(backend: Backend) {
         owner: "crashed-owner",
         lease: ms(50),
         fingerprint: None,
-        mode: Mode::Param,
         will_wait: false,
         report_ttl: true,
     };
@@ -443,8 +442,8 @@ async fn waiter_times_out_when_the_holder_outlives_the_wait(backend: Backend) {
 async fn token_runs_once_then_replays(backend: Backend) {
     let fx = Fixture::new(backend, 1).await;
     let idem = fx.idem(0);
-    let token = idem.issue_token(Duration::from_secs(60)).await.unwrap();
-    assert!(token.len() >= 22, "a token carries at least 128 random bits: {token}");
+    let token = idem.issue_token(Duration::from_secs(60)).unwrap();
+    assert_eq!(token.len(), idempotency::TOKEN_CHARS, "{token}");
     let runs = counter();
     for _ in 0..3 {
         let r = runs.clone();
@@ -458,7 +457,7 @@ async fn token_runs_once_then_replays(backend: Backend) {
 async fn token_second_submit_rejected_by_policy(backend: Backend) {
     let fx = Fixture::new(backend, 1).await;
     let idem = fx.idem(0);
-    let token = idem.issue_token(Duration::from_secs(60)).await.unwrap();
+    let token = idem.issue_token(Duration::from_secs(60)).unwrap();
     let call = || Call::token(&token).on_duplicate(OnDuplicate::Reject);
     assert_eq!(idem.run(call(), || async { R::Ok(1u8) }).await.unwrap(), 1);
     let again = idem.run(call(), || async { R::Ok(2u8) }).await;
@@ -474,21 +473,26 @@ async fn unknown_expired_or_used_token_is_invalid(backend: Backend) {
 
     assert!(invalid(idem.run(Call::token("never-issued"), body(runs.clone())).await), "unknown token accepted");
 
-    let short = idem.issue_token(ms(100)).await.unwrap();
+    let short = idem.issue_token(ms(100)).unwrap();
     tokio::time::sleep(ms(250)).await;
     assert!(invalid(idem.run(Call::token(&short), body(runs.clone())).await), "expired token accepted");
 
-    let used = idem.issue_token(Duration::from_secs(60)).await.unwrap();
-    assert!(idem.run(Call::token(&used).keep(ms(100)), body(runs.clone())).await.is_ok());
+    // Issued for another scope: refused in this one.
+    let elsewhere = idem.issue_token_scoped("elsewhere", Duration::from_secs(60)).unwrap();
+    assert!(invalid(idem.run(Call::token(&elsewhere), body(runs.clone())).await), "other-scope token accepted");
+
+    // A used token stays used until it expires, even after its call's `keep` ran out.
+    let used = idem.issue_token(Duration::from_secs(60)).unwrap();
+    assert_eq!(idem.run(Call::token(&used).keep(ms(100)), body(runs.clone())).await.unwrap(), 0);
     tokio::time::sleep(ms(250)).await;
-    assert!(invalid(idem.run(Call::token(&used), body(runs.clone())).await), "used token accepted again");
-    assert_eq!(runs.load(SeqCst), 1, "an invalid token ran the body");
+    assert_eq!(idem.run(Call::token(&used), body(runs.clone())).await.unwrap(), 0, "a used token ran again");
+    assert_eq!(runs.load(SeqCst), 1, "an invalid or used token ran the body");
 }
 
 async fn failed_attempt_leaves_the_token_usable(backend: Backend) {
     let fx = Fixture::new(backend, 1).await;
     let idem = fx.idem(0);
-    let token = idem.issue_token(Duration::from_secs(60)).await.unwrap();
+    let token = idem.issue_token(Duration::from_secs(60)).unwrap();
     let failed: R<u8> = idem.run(Call::token(&token), || async { Err(AppError::Failed("out of stock")) }).await;
     assert!(matches!(failed, Err(AppError::Failed(_))));
     let retried = idem.run(Call::token(&token), || async { R::Ok(3u8) }).await;
@@ -499,7 +503,7 @@ async fn failed_attempt_leaves_the_token_usable(backend: Backend) {
 
 async fn token_double_click_runs_once(backend: Backend) {
     let fx = Fixture::new(backend, 2).await;
-    let token = fx.idem(0).issue_token(Duration::from_secs(60)).await.unwrap();
+    let token = fx.idem(0).issue_token(Duration::from_secs(60)).unwrap();
     let runs = counter();
     let click = |i: usize| {
         let (idem, runs, token) = (fx.idem(i), runs.clone(), token.clone());
@@ -523,23 +527,28 @@ async fn token_double_click_runs_once(backend: Backend) {
 async fn crashed_token_holder_frees_the_token_after_its_lease(backend: Backend) {
     let fx = Fixture::new(backend, 1).await;
     let idem = fx.idem(0);
-    let token = idem.issue_token(Duration::from_secs(60)).await.unwrap();
-    let key = Call::token(&token).full_key();
-    let req = AcquireRequest {
-        key: &key,
-        owner: "crashed-owner",
-        lease: ms(200),
-        fingerprint: None,
-        mode: Mode::Token,
-        will_wait: false,
-        report_ttl: true,
-    };
-    assert!(matches!(fx.store(0).acquire(req).await.unwrap(), AcquireOutcome::Acquired { .. }));
+    let token = idem.issue_token(Duration::from_secs(60)).unwrap();
+    // A holder whose renewals stop (as a crashed process's would): its 200 ms lease runs out.
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let holder = tokio::spawn({
+        let (idem, token) = (idem.clone(), token.clone());
+        async move {
+            let _: R<u8> = idem
+                .run(Call::token(&token).ttl(ms(200)).renew(false), || async move {
+                    let _ = tx.send(());
+                    tokio::time::sleep(Duration::from_secs(3600)).await;
+                    Ok(0)
+                })
+                .await;
+        }
+    });
+    rx.await.unwrap();
     let held = idem.run(Call::token(&token), || async { R::Ok(1u8) }).await;
     assert!(matches!(held, Err(AppError::Idem(Error::Conflict { .. }))), "{held:?}");
     tokio::time::sleep(ms(350)).await;
     let after = idem.run(Call::token(&token), || async { R::Ok(2u8) }).await;
-    assert_eq!(after.unwrap(), 2, "the token was lost with its crashed holder");
+    assert_eq!(after.unwrap(), 2, "the token stayed held after its holder's lease ran out");
+    holder.abort();
 }
 
 async fn empty_or_oversized_key_is_invalid(backend: Backend) {
@@ -547,12 +556,17 @@ async fn empty_or_oversized_key_is_invalid(backend: Backend) {
     let idem = fx.idem(0);
     let runs = counter();
     let body = |runs: Arc<AtomicUsize>| move || async move { R::Ok(runs.fetch_add(1, SeqCst)) };
-    for call in [Call::new(""), Call::new("k".repeat(2000)), Call::token("")] {
+    for call in [Call::new(""), Call::new("k".repeat(2000))] {
         let got = idem.run(call, body(runs.clone())).await;
         match got {
             Err(AppError::Idem(e @ Error::InvalidKey { .. })) => assert!(e.to_string().contains("key"), "{e}"),
             other => panic!("expected InvalidKey, got {other:?}"),
         }
+    }
+    // An empty or oversized token is not a token: refused before anything else.
+    for token in [String::new(), "t".repeat(2000)] {
+        let got = idem.run(Call::token(token), body(runs.clone())).await;
+        assert!(matches!(got, Err(AppError::Idem(Error::InvalidToken { .. }))), "{got:?}");
     }
     assert_eq!(runs.load(SeqCst), 0);
     // Unicode, NUL and newline are fine.
@@ -696,28 +710,24 @@ async fn values_that_cannot_replay_as_themselves_fail_at_the_first_call(backend:
 async fn transitions_are_safe_to_repeat(backend: Backend) {
     let fx = Fixture::new(backend, 1).await;
     let store = fx.store(0);
-    let req = |key: &'static str, owner: &'static str, mode: Mode| AcquireRequest {
+    let req = |key: &'static str, owner: &'static str| AcquireRequest {
         key,
         owner,
         lease: Duration::from_secs(10),
         fingerprint: None,
-        mode,
         will_wait: false,
         report_ttl: true,
     };
-    let AcquireOutcome::Acquired { fence } = store.acquire(req("repeat", "me", Mode::Param)).await.unwrap() else {
+    let AcquireOutcome::Acquired { fence } = store.acquire(req("repeat", "me")).await.unwrap() else {
         panic!("not acquired")
     };
     // A re-sent acquire is "acquired" again, with a token as good as the first: the same, or the
     // server's clock read later while this owner holds the key.
-    let AcquireOutcome::Acquired { fence: again } = store.acquire(req("repeat", "me", Mode::Param)).await.unwrap() else {
+    let AcquireOutcome::Acquired { fence: again } = store.acquire(req("repeat", "me")).await.unwrap() else {
         panic!("a re-sent acquire turned against its own owner")
     };
     assert!(again >= fence, "a re-sent acquire's fence went back: {fence} then {again}");
-    assert!(matches!(
-        store.acquire(req("repeat", "other", Mode::Param)).await.unwrap(),
-        AcquireOutcome::InProgress { .. }
-    ));
+    assert!(matches!(store.acquire(req("repeat", "other")).await.unwrap(), AcquireOutcome::InProgress { .. }));
     let lease = [Lease { key: "repeat", owner: "me", lease: Duration::from_secs(10) }];
     assert_eq!(store.renew(&lease).await.unwrap(), vec![true]);
     assert_eq!(store.renew(&lease).await.unwrap(), vec![true]);
@@ -739,30 +749,12 @@ async fn transitions_are_safe_to_repeat(backend: Backend) {
     // Renewing a completed key is refused: it is not in progress any more.
     assert_eq!(store.renew(&lease).await.unwrap(), vec![false]);
 
-    let AcquireOutcome::Acquired { .. } = store.acquire(req("released", "me", Mode::Param)).await.unwrap() else {
+    let AcquireOutcome::Acquired { .. } = store.acquire(req("released", "me")).await.unwrap() else {
         panic!("not acquired")
     };
     assert_eq!(store.release("released", "me").await.unwrap(), Transition::Done);
     assert_eq!(store.release("released", "me").await.unwrap(), Transition::Done);
-    assert!(matches!(
-        store.acquire(req("released", "other", Mode::Param)).await.unwrap(),
-        AcquireOutcome::Acquired { .. }
-    ));
-
-    // Token mode: a repeated acquire keeps the token held; a repeated release leaves it ISSUED.
-    assert!(store.issue_token("token:t1", Duration::from_secs(60)).await.unwrap());
-    assert!(!store.issue_token("token:t1", Duration::from_secs(60)).await.unwrap(), "a token was issued twice");
-    let AcquireOutcome::Acquired { fence } = store.acquire(req("token:t1", "me", Mode::Token)).await.unwrap() else {
-        panic!("token not acquired")
-    };
-    assert_eq!(store.acquire(req("token:t1", "me", Mode::Token)).await.unwrap(), AcquireOutcome::Acquired { fence });
-    assert_eq!(store.release("token:t1", "me").await.unwrap(), Transition::Done);
-    assert_eq!(store.release("token:t1", "me").await.unwrap(), Transition::Done);
-    let AcquireOutcome::Acquired { fence: again } = store.acquire(req("token:t1", "other", Mode::Token)).await.unwrap()
-    else {
-        panic!("released token not usable")
-    };
-    assert!(again > fence);
+    assert!(matches!(store.acquire(req("released", "other")).await.unwrap(), AcquireOutcome::Acquired { .. }));
 }
 
 /// With the replay cache on, a completed result is answered from this process: it survives the

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idempotency::store::{AcquireOutcome, AcquireRequest};
-use idempotency::{Call, CallContext, Error, Idempotency, MemoryStore, Mode, OnConflict, RedisStore, Store};
+use idempotency::{Call, CallContext, Error, Idempotency, MemoryStore, OnConflict, RedisStore, Store};
 use support::proxy::{Direction, Proxy};
 use support::{ms, AppError, RedisServer, R};
 use tokio::time::Instant;
@@ -152,7 +152,6 @@ impl Checker {
                 owner: "final-check",
                 lease: Duration::from_secs(10),
                 fingerprint: None,
-                mode: Mode::Param,
                 will_wait: false,
                 report_ttl: false,
             };
@@ -476,7 +475,6 @@ async fn checker_catches_overlaps_and_held_keys() {
         owner: "crashed",
         lease: Duration::from_secs(30),
         fingerprint: None,
-        mode: Mode::Param,
         will_wait: false,
         report_ttl: false,
     };

@@ -58,7 +58,11 @@ async fn a_plaintext_port_given_as_rediss_fails_rather_than_downgrading() {
     // client left is the one asking.
     support::wait_for(Duration::from_secs(2), "the refused connection to close", || {
         let clients = redis.server.command(&["CLIENT", "LIST"]).unwrap();
-        if clients.lines().count() == 1 { Ok(()) } else { Err(clients) }
+        if clients.lines().count() == 1 {
+            Ok(())
+        } else {
+            Err(clients)
+        }
     });
     println!("plaintext port as rediss: {e}");
 }
@@ -97,7 +101,16 @@ async fn rediss_cluster_connects_every_node_over_tls() {
             let bus = support::free_port().to_string();
             TlsRedis::start_with(
                 &ca,
-                &["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-port", &bus, "--tls-cluster", "yes"],
+                &[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-port",
+                    &bus,
+                    "--tls-cluster",
+                    "yes",
+                ],
             )
         })
         .collect();
@@ -116,7 +129,11 @@ async fn rediss_cluster_connects_every_node_over_tls() {
     assert!(created.success(), "redis-cli --cluster create failed");
     support::wait_for(Duration::from_secs(20), "the cluster to be ok", || {
         let info = nodes[0].server.command(&["CLUSTER", "INFO"])?;
-        if info.contains("cluster_state:ok") { Ok(()) } else { Err(info) }
+        if info.contains("cluster_state:ok") {
+            Ok(())
+        } else {
+            Err(info)
+        }
     });
     let url = format!(
         "rediss-cluster://127.0.0.1:{}?node=127.0.0.1:{}&node=127.0.0.1:{}",
@@ -137,7 +154,8 @@ async fn rediss_cluster_connects_every_node_over_tls() {
         let ours = clients.lines().filter(|c| !c.contains("cmd=client|list") && !c.contains("flags=S"));
         for client in ours {
             assert!(
-                client.contains(&format!("laddr=127.0.0.1:{}", node.tls_port)) || client.contains("flags=N cmd=cluster"),
+                client.contains(&format!("laddr=127.0.0.1:{}", node.tls_port))
+                    || client.contains("flags=N cmd=cluster"),
                 "a connection off the TLS port on node {}: {client}",
                 node.server.port()
             );

@@ -4,9 +4,22 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::codec;
+use crate::codec::{self, MAX_FINGERPRINT_BYTES};
 use crate::error::Error;
-use crate::store::Mode;
+
+/// Parameter mode (the key comes from the call's arguments) or token mode (the key is a
+/// one-time token issued beforehand).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// The key is built from the call's parameters; an absent key is acquired.
+    #[default]
+    Param,
+    /// The key is a token from [`issue_token`](crate::Idempotency::issue_token): checked before
+    /// anything else (a forged, tampered, expired or other-scope token is
+    /// [`InvalidToken`](crate::Error::InvalidToken) without a store command), and its record is
+    /// kept until the token expires, so a used token is never run again.
+    Token,
+}
 
 /// The longest key (scope included) a call accepts, in bytes.
 pub const MAX_KEY_BYTES: usize = 1024;
@@ -61,7 +74,7 @@ pub struct Call {
     pub(crate) keep: Option<Duration>,
     pub(crate) on_duplicate: OnDuplicate,
     pub(crate) on_conflict: OnConflict,
-    fingerprint: Option<Result<String, String>>,
+    fingerprint: Option<Result<String, codec::FingerprintError>>,
     pub(crate) abort_on_lease_lost: bool,
     pub(crate) renew: bool,
 }
@@ -130,7 +143,8 @@ impl Call {
 
     /// The payload whose fingerprint is stored with the key: a later call with the same key
     /// and a different payload fails with [`Error::KeyReused`]. Hashed from its JSON form, map
-    /// keys sorted.
+    /// keys sorted; a payload whose JSON is over [`MAX_FINGERPRINT_BYTES`] fails the call with
+    /// [`Error::InvalidCall`] (hash a digest of it instead).
     pub fn fingerprint<T: Serialize + ?Sized>(mut self, payload: &T) -> Self {
         self.fingerprint = Some(codec::fingerprint(payload));
         self
@@ -175,6 +189,21 @@ impl Call {
         }
     }
 
+    /// The scope a token of this call is signed for: the call's scope, or `token`.
+    pub(crate) fn token_scope(&self) -> &str {
+        self.scope.as_deref().unwrap_or("token")
+    }
+
+    /// The key as given (a token, in token mode).
+    pub(crate) fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// Replaces the key (a verified token by the part of it that names its record).
+    pub(crate) fn set_key(&mut self, key: String) {
+        self.key = key;
+    }
+
     /// Checks the call like [`validate`](Self::validate) and takes the full key out of it: moved,
     /// not copied, when it is the key alone. The call keeps its policies.
     pub(crate) fn take_key(&mut self, lease: Duration) -> Result<(String, Option<String>), Error> {
@@ -208,7 +237,13 @@ impl Call {
         match &self.fingerprint {
             None => Ok(None),
             Some(Ok(fp)) => Ok(Some(fp.clone())),
-            Some(Err(message)) => Err(Error::Codec { key: full_key.to_owned(), message: message.clone() }),
+            Some(Err(codec::FingerprintError::Codec(message))) => {
+                Err(Error::Codec { key: full_key.to_owned(), message: message.clone() })
+            }
+            Some(Err(codec::FingerprintError::TooLarge)) => Err(Error::InvalidCall {
+                key: full_key.to_owned(),
+                reason: format!("the fingerprint payload is over {MAX_FINGERPRINT_BYTES} bytes of JSON"),
+            }),
         }
     }
 }

@@ -31,11 +31,7 @@ pub(crate) fn encode<T: Serialize + DeserializeOwned>(value: &T, max_bytes: usiz
         // Maps may come back in another order: compare the JSON values, whose maps are ordered.
         let as_value = |b: &[u8]| serde_json::from_slice::<serde_json::Value>(b).ok();
         if as_value(&again).is_none() || as_value(&again) != as_value(&bytes) {
-            return Err(format!(
-                "it is written as {} but reads back as {}",
-                shorten(&bytes),
-                shorten(&again)
-            ));
+            return Err(format!("it is written as {} but reads back as {}", shorten(&bytes), shorten(&again)));
         }
     }
     Ok(Encoded::Replayable(bytes))
@@ -72,9 +68,55 @@ pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
     })
 }
 
+/// The largest payload a fingerprint is computed over, as JSON: 1 MiB. A larger one is refused
+/// ([`Error::InvalidCall`](crate::Error::InvalidCall)) before its canonical form is built.
+pub const MAX_FINGERPRINT_BYTES: usize = 1 << 20;
+
+/// Counts what is written and fails past a limit.
+struct Bounded {
+    written: usize,
+    limit: usize,
+}
+
+impl std::io::Write for Bounded {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.written += buf.len();
+        if self.written > self.limit {
+            return Err(std::io::Error::other("over the limit"));
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Why a fingerprint could not be computed.
+#[derive(Debug, Clone)]
+pub(crate) enum FingerprintError {
+    /// The payload does not serialize.
+    Codec(String),
+    /// The payload is larger than [`MAX_FINGERPRINT_BYTES`].
+    TooLarge,
+}
+
 /// The fingerprint of a payload: 128 bits of SHA-1 over its canonical JSON (object keys sorted,
-/// so two equal maps give one fingerprint whatever their iteration order), as 32 hex digits.
-pub(crate) fn fingerprint<T: Serialize + ?Sized>(payload: &T) -> Result<String, String> {
+/// so two equal maps give one fingerprint whatever their iteration order), as 32 hex digits. Its
+/// size is checked first, writing nothing: a payload over [`MAX_FINGERPRINT_BYTES`] is refused.
+pub(crate) fn fingerprint<T: Serialize + ?Sized>(payload: &T) -> Result<String, FingerprintError> {
+    let mut bounded = Bounded { written: 0, limit: MAX_FINGERPRINT_BYTES };
+    if let Err(e) = serde_json::to_writer(&mut bounded, payload) {
+        return Err(if bounded.written > bounded.limit {
+            FingerprintError::TooLarge
+        } else {
+            FingerprintError::Codec(format!("the fingerprint payload does not serialize: {e}"))
+        });
+    }
+    fingerprint_json(payload).map_err(FingerprintError::Codec)
+}
+
+fn fingerprint_json<T: Serialize + ?Sized>(payload: &T) -> Result<String, String> {
     let canonical = serde_json::to_value(payload)
         .and_then(|v| serde_json::to_vec(&v))
         .map_err(|e| format!("the fingerprint payload does not serialize: {e}"))?;
@@ -207,13 +249,7 @@ mod exact {
         fn serialize_struct(self, _: &'static str, _: usize) -> Result<Self, Inexact> {
             Ok(self)
         }
-        fn serialize_struct_variant(
-            self,
-            _: &'static str,
-            _: u32,
-            _: &'static str,
-            _: usize,
-        ) -> Result<Self, Inexact> {
+        fn serialize_struct_variant(self, _: &'static str, _: u32, _: &'static str, _: usize) -> Result<Self, Inexact> {
             Ok(self)
         }
     }
@@ -232,8 +268,12 @@ mod exact {
             })*
         };
     }
-    elements!(SerializeSeq::serialize_element, SerializeTuple::serialize_element, SerializeTupleStruct::serialize_field,
-              SerializeTupleVariant::serialize_field);
+    elements!(
+        SerializeSeq::serialize_element,
+        SerializeTuple::serialize_element,
+        SerializeTupleStruct::serialize_field,
+        SerializeTupleVariant::serialize_field
+    );
 
     impl ser::SerializeMap for Exact {
         type Ok = ();
@@ -332,7 +372,13 @@ mod exact {
         fn serialize_tuple_struct(self, _: &'static str, _: usize) -> Result<Self::SerializeTupleStruct, Inexact> {
             compound()
         }
-        fn serialize_tuple_variant(self, _: &str, _: u32, _: &str, _: usize) -> Result<Self::SerializeTupleVariant, Inexact> {
+        fn serialize_tuple_variant(
+            self,
+            _: &str,
+            _: u32,
+            _: &str,
+            _: usize,
+        ) -> Result<Self::SerializeTupleVariant, Inexact> {
             compound()
         }
         fn serialize_map(self, _: Option<usize>) -> Result<Self::SerializeMap, Inexact> {
@@ -341,7 +387,13 @@ mod exact {
         fn serialize_struct(self, _: &'static str, _: usize) -> Result<Self::SerializeStruct, Inexact> {
             compound()
         }
-        fn serialize_struct_variant(self, _: &str, _: u32, _: &str, _: usize) -> Result<Self::SerializeStructVariant, Inexact> {
+        fn serialize_struct_variant(
+            self,
+            _: &str,
+            _: u32,
+            _: &str,
+            _: usize,
+        ) -> Result<Self::SerializeStructVariant, Inexact> {
             compound()
         }
     }
@@ -398,8 +450,10 @@ mod tests {
         for i in (0..50).rev() {
             b.insert(format!("k{i}"), i);
         }
-        assert_eq!(fingerprint(&a).unwrap(), fingerprint(&b).unwrap());
-        assert_ne!(fingerprint(&1).unwrap(), fingerprint(&2).unwrap());
+        let ok = |r: Result<String, FingerprintError>| r.unwrap_or_else(|_| panic!("no fingerprint"));
+        assert_eq!(ok(fingerprint(&a)), ok(fingerprint(&b)));
+        assert_ne!(ok(fingerprint(&1)), ok(fingerprint(&2)));
+        assert!(matches!(fingerprint(&"x".repeat(MAX_FINGERPRINT_BYTES)), Err(FingerprintError::TooLarge)));
     }
 
     #[test]

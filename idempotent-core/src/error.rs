@@ -32,8 +32,10 @@ pub enum Error {
         /// The key.
         key: String,
     },
-    /// Token mode: the token was never issued, has expired, or was used and forgotten.
-    #[error("key {}: unknown token (never issued, expired, or already used)", shown(key))]
+    /// Token mode: the token is not one this runtime's keys signed for the call's scope (made
+    /// up, tampered with, issued for another scope or with a key no longer accepted), or it has
+    /// expired. Decided without a store command.
+    #[error("key {}: not a valid token (not issued for this scope, or expired)", shown(key))]
     InvalidToken {
         /// The key (scope and token).
         key: String,

@@ -59,9 +59,9 @@ impl Global {
     }
 
     /// [`Idempotency::issue_token`] on the global runtime.
-    pub async fn issue_token(self, ttl: Duration) -> Result<String, Error> {
+    pub fn issue_token(self, ttl: Duration) -> Result<String, Error> {
         match GLOBAL.get() {
-            Some(idempotency) => idempotency.issue_token(ttl).await,
+            Some(idempotency) => idempotency.issue_token(ttl),
             None => Err(Error::NotConfigured { key: "token".into() }),
         }
     }

@@ -157,7 +157,10 @@ mod tests {
     #[test]
     fn empty_values_are_refused_unless_allowed() {
         let e = pay("stripe", "").unwrap_err();
-        assert!(matches!(&e, Error::InvalidKey { key, reason } if key == "pay:{p}:{t}" && reason.contains("`{t}`")), "{e}");
+        assert!(
+            matches!(&e, Error::InvalidKey { key, reason } if key == "pay:{p}:{t}" && reason.contains("`{t}`")),
+            "{e}"
+        );
         let k = KeyBuilder::new("a:{n?}", ":").text("a:").value_may_be_empty(&"").finish();
         assert_eq!(k.unwrap(), "a:");
     }

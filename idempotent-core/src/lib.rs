@@ -45,16 +45,21 @@ mod ids;
 mod key;
 mod runtime;
 pub mod store;
+mod token;
 mod watchdog;
 
-pub use call::{Call, OnConflict, OnDuplicate, MAX_KEY_BYTES, MIN_LEASE};
+pub use call::{Call, Mode, OnConflict, OnDuplicate, MAX_KEY_BYTES, MIN_LEASE};
+pub use codec::MAX_FINGERPRINT_BYTES;
 pub use context::CallContext;
 pub use duration::parse_duration;
 pub use error::{Error, StoreError, StoreErrorKind};
 pub use global::{global, init, Global};
 pub use key::KeyBuilder;
-pub use runtime::{Idempotency, IdempotencyBuilder, DEFAULT_KEEP, DEFAULT_MAX_RESULT_BYTES, DEFAULT_TTL};
+pub use runtime::{
+    Idempotency, IdempotencyBuilder, DEFAULT_KEEP, DEFAULT_MAX_RESULT_BYTES, DEFAULT_MAX_WAITERS_PER_KEY, DEFAULT_TTL,
+};
 pub use store::memory::MemoryStore;
 #[cfg(feature = "redis")]
 pub use store::redis::{RedisStore, RedisStoreBuilder};
-pub use store::{Mode, Store};
+pub use store::Store;
+pub use token::{TokenKeys, MIN_SECRET_BYTES, TOKEN_CHARS};

@@ -12,18 +12,22 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::cache::ReplayCache;
-use crate::call::{Call, OnConflict, OnDuplicate};
+use crate::call::{Call, Mode, OnConflict, OnDuplicate};
 use crate::codec::{self, Encoded};
 use crate::context::CallContext;
 use crate::error::{Error, StoreError, StoreErrorKind};
 use crate::ids;
 use crate::store::{AcquireOutcome, AcquireRequest, CommitRequest, Store, Transition, Watcher};
+use crate::token::TokenKeys;
 use crate::watchdog::Watchdog;
 
 /// The default lease.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 /// How long a completed result is kept by default.
 pub const DEFAULT_KEEP: Duration = Duration::from_secs(24 * 3600);
+/// How many calls of one process may wait on one key at a time by default (`OnConflict::Wait`).
+pub const DEFAULT_MAX_WAITERS_PER_KEY: usize = 1000;
+
 /// The largest result stored for replay by default; a larger one is kept as "completed, not
 /// replayable".
 pub const DEFAULT_MAX_RESULT_BYTES: usize = 1 << 20;
@@ -66,6 +70,13 @@ struct Inner {
     wait_recheck: Duration,
     /// How long a caller waits for its result to be stored before it gets its value anyway.
     commit_deadline: Duration,
+    /// The keys that sign and verify tokens.
+    token_keys: TokenKeys,
+    /// Callers of this process waiting on each key, and how many may.
+    waiting: std::sync::Mutex<std::collections::HashMap<String, usize>>,
+    max_waiters_per_key: usize,
+    /// How far apart the clocks of the machines issuing and checking tokens may be.
+    token_skew: Duration,
 }
 
 /// Configures an [`Idempotency`].
@@ -93,6 +104,15 @@ impl IdempotencyBuilder {
         self
     }
 
+    /// How many calls of this process may wait on one key at a time (default 1000); one more
+    /// finding the key in progress gets [`Error::Conflict`] at once instead of waiting. A bound
+    /// on what a flood of duplicates of one key can hold (a task, a timer and a subscription
+    /// each).
+    pub fn max_waiters_per_key(mut self, max: usize) -> Self {
+        self.inner.max_waiters_per_key = max;
+        self
+    }
+
     /// How often a waiting call re-reads the key if no notification came (default 1 s). The
     /// notification normally wakes it first; this bounds the delay if one was missed (the
     /// pub/sub connection reconnecting, say).
@@ -112,6 +132,23 @@ impl IdempotencyBuilder {
     /// runs the body again.
     pub fn commit_deadline(mut self, deadline: Duration) -> Self {
         self.inner.commit_deadline = deadline;
+        self
+    }
+
+    /// The keys that sign and verify tokens (default: a random key of this runtime's own, fine for
+    /// one process). Every instance that issues or takes tokens needs the same keys; rotate by
+    /// putting the new secret first and the old one in [`TokenKeys::previous`].
+    pub fn token_keys(mut self, keys: TokenKeys) -> Self {
+        self.inner.token_keys = keys;
+        self
+    }
+
+    /// How far apart the clocks of the machines that issue and check tokens (and the store's)
+    /// may be (default 5 minutes). A used token's record is kept this much past the token's
+    /// expiry, so that a machine whose clock is behind never finds the token valid and its
+    /// record gone.
+    pub fn token_skew(mut self, skew: Duration) -> Self {
+        self.inner.token_skew = skew;
         self
     }
 
@@ -159,6 +196,10 @@ impl Idempotency {
                 max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
                 wait_recheck: Duration::from_secs(1),
                 commit_deadline,
+                token_keys: TokenKeys::random(),
+                waiting: Default::default(),
+                max_waiters_per_key: DEFAULT_MAX_WAITERS_PER_KEY,
+                token_skew: Duration::from_secs(300),
             },
         }
     }
@@ -169,45 +210,59 @@ impl Idempotency {
     }
 
     /// Issues a one-time token for token mode, valid for `ttl`: hand it to the client, which
-    /// sends it back with the request (`Call::token(token)`). 128 random bits, 22 URL-safe
-    /// characters.
-    pub async fn issue_token(&self, ttl: Duration) -> Result<String, Error> {
-        self.issue(None, ttl).await
+    /// sends it back with the request (`Call::token(token)`). It is signed, not stored: issuing
+    /// writes nothing, and only its first use creates a record (kept until the token expires).
+    /// 56 URL-safe characters.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::time::Duration;
+    /// use idempotency::{Call, Error, Idempotency, MemoryStore};
+    ///
+    /// let idem = Idempotency::new(MemoryStore::new());
+    /// let token = idem.issue_token(Duration::from_secs(3600)).unwrap(); // with the form
+    /// let submit = || idem.run(Call::token(&token), || async { Ok::<_, Error>("order 7") });
+    /// assert_eq!(submit().await.unwrap(), "order 7");
+    /// assert_eq!(submit().await.unwrap(), "order 7"); // a double click: replayed
+    /// let forged: Result<&str, Error> = idem.run(Call::token("made-up"), || async { Ok("never") }).await;
+    /// assert!(matches!(forged, Err(Error::InvalidToken { .. })));
+    /// # }
+    /// ```
+    pub fn issue_token(&self, ttl: Duration) -> Result<String, Error> {
+        self.issue(None, ttl)
     }
 
-    /// Issues a token in `scope`, for calls made with `Call::token(t).scope(scope)`.
-    pub async fn issue_token_scoped(&self, scope: &str, ttl: Duration) -> Result<String, Error> {
-        self.issue(Some(scope), ttl).await
+    /// Issues a token in `scope`, for calls made with `Call::token(t).scope(scope)`: a token
+    /// issued for one scope is refused in any other.
+    pub fn issue_token_scoped(&self, scope: &str, ttl: Duration) -> Result<String, Error> {
+        self.issue(Some(scope), ttl)
     }
 
-    async fn issue(&self, scope: Option<&str>, ttl: Duration) -> Result<String, Error> {
-        let scope_key = || scope.unwrap_or("token").to_owned();
+    fn issue(&self, scope: Option<&str>, ttl: Duration) -> Result<String, Error> {
+        let scope = scope.unwrap_or("token");
         if ttl < crate::call::MIN_LEASE {
             return Err(Error::InvalidCall {
-                key: scope_key(),
+                key: scope.to_owned(),
                 reason: format!("a token's lifetime of {ttl:?} is too short"),
             });
         }
-        for _ in 0..3 {
-            let token = ids::token().map_err(|e| Error::Store {
-                key: scope_key(),
-                source: StoreError::new(StoreErrorKind::Backend, format!("no randomness for a token: {e}")),
-            })?;
-            let mut call = Call::token(&token);
-            if let Some(scope) = scope {
-                call = call.scope(scope);
+        self.inner.token_keys.issue(scope, ttl, std::time::SystemTime::now())
+    }
+
+    /// Checks a token-mode call's token (no store command) and puts the part of it that names
+    /// its record in its place; when the token expires.
+    fn verify_token(&self, call: &mut Call) -> Result<std::time::SystemTime, Error> {
+        let scope = call.token_scope();
+        match self.inner.token_keys.verify(scope, call.key(), std::time::SystemTime::now()) {
+            Ok(verified) => {
+                call.set_key(verified.id);
+                Ok(verified.expires)
             }
-            let key = call.full_key();
-            match self.inner.store.issue_token(&key, ttl).await {
-                Ok(true) => return Ok(token),
-                Ok(false) => continue,
-                Err(source) => return Err(Error::Store { key, source }),
+            Err(why) => {
+                tracing::debug!(reason = %why, "idempotency token refused");
+                Err(Error::InvalidToken { key: call.full_key() })
             }
         }
-        Err(Error::Store {
-            key: scope_key(),
-            source: StoreError::new(StoreErrorKind::Backend, "three fresh tokens in a row were taken"),
-        })
     }
 
     /// Runs `body` at most once for `call`'s key (per the call's policies) and returns its
@@ -237,6 +292,11 @@ impl Idempotency {
         Fut: Future<Output = Result<T, E>>,
     {
         let lease = call.ttl.unwrap_or(self.inner.ttl);
+        // A token is checked before anything else, without the store.
+        let token_expires = match call.mode {
+            Mode::Token => Some(self.verify_token(&mut call)?),
+            Mode::Param => None,
+        };
         let (key, fingerprint) = call.take_key(lease)?;
         if let Some(hit) = self.inner.cache.as_ref().and_then(|c| c.get(&key)) {
             check_fingerprint(&key, hit.fingerprint.as_deref(), fingerprint.as_deref())?;
@@ -247,6 +307,7 @@ impl Idempotency {
         // When the first acquire was sent: the wait's patience counts from there.
         let mut started: Option<Instant> = None;
         let mut watcher: Option<Watcher> = None;
+        let mut _waiting: Option<WaitSlot<'_>> = None;
         loop {
             let sent = Instant::now();
             let started = *started.get_or_insert(sent);
@@ -255,7 +316,6 @@ impl Idempotency {
                 owner: owner.as_str(),
                 lease,
                 fingerprint: fingerprint.as_deref(),
-                mode: call.mode,
                 will_wait: watcher.is_some(),
                 // The wait needs the holder's lease; the cache, how long a result is kept.
                 report_ttl: watcher.is_some() || self.inner.cache.is_some(),
@@ -296,6 +356,17 @@ impl Idempotency {
                     match &mut watcher {
                         // Watch first, then look again: a change after this look wakes us.
                         None => {
+                            match WaitSlot::take(&self.inner, &key) {
+                                Some(slot) => _waiting = Some(slot),
+                                None => {
+                                    tracing::warn!(
+                                        key = %key,
+                                        max = self.inner.max_waiters_per_key,
+                                        "idempotency call not waiting: too many calls already wait on this key"
+                                    );
+                                    return Err(Error::Conflict { key }.into());
+                                }
+                            }
                             let w =
                                 store.watch(&key).await.map_err(|source| Error::Store { key: key.clone(), source })?;
                             watcher = Some(w);
@@ -314,11 +385,11 @@ impl Idempotency {
                     }
                     continue;
                 }
-                AcquireOutcome::InvalidToken => return Err(Error::InvalidToken { key }.into()),
                 AcquireOutcome::Corrupt { reason } => return Err(Error::Corrupt { key, reason }.into()),
             };
             drop(watcher);
-            let held = Held { context: CallContext::new(key, owner, held), lease, sent, fingerprint };
+            drop(_waiting);
+            let held = Held { context: CallContext::new(key, owner, held), lease, sent, fingerprint, token_expires };
             return self.execute(&call, held, body).await;
         }
     }
@@ -419,7 +490,13 @@ impl Idempotency {
                 None
             }
         };
-        let keep = call.keep.unwrap_or(self.inner.keep);
+        let mut keep = call.keep.unwrap_or(self.inner.keep);
+        if let Some(expires) = held.token_expires {
+            // A used token stays used until it expires, whatever `keep` says: its record lives
+            // until then, plus the clock skew allowed between machines.
+            let left = expires.duration_since(std::time::SystemTime::now()).unwrap_or_default();
+            keep = keep.max(left + self.inner.token_skew);
+        }
         let request = CommitRequest {
             key,
             owner: held.context.owner(),
@@ -475,7 +552,12 @@ impl Inner {
     /// What a commit's outcome means for the caller: `Done` fills the replay cache (until `keep`
     /// after the commit was sent: never past the record's end), a lost key or corrupt record is
     /// logged, a store error is returned.
-    fn committed(&self, request: &CommitRequest<'_>, outcome: Result<Transition, StoreError>, sent: Instant) -> Result<(), StoreError> {
+    fn committed(
+        &self,
+        request: &CommitRequest<'_>,
+        outcome: Result<Transition, StoreError>,
+        sent: Instant,
+    ) -> Result<(), StoreError> {
         let key = request.key;
         match outcome? {
             Transition::Done => {
@@ -526,6 +608,37 @@ impl Inner {
     }
 }
 
+/// One of the places to wait on a key ([`IdempotencyBuilder::max_waiters_per_key`]), given
+/// back when dropped.
+struct WaitSlot<'a> {
+    inner: &'a Inner,
+    key: String,
+}
+
+impl<'a> WaitSlot<'a> {
+    fn take(inner: &'a Inner, key: &str) -> Option<WaitSlot<'a>> {
+        let mut waiting = inner.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        let count = waiting.entry(key.to_owned()).or_default();
+        if *count >= inner.max_waiters_per_key {
+            return None;
+        }
+        *count += 1;
+        Some(WaitSlot { inner, key: key.to_owned() })
+    }
+}
+
+impl Drop for WaitSlot<'_> {
+    fn drop(&mut self) {
+        let mut waiting = self.inner.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(count) = waiting.get_mut(&self.key) {
+            *count -= 1;
+            if *count == 0 {
+                waiting.remove(&self.key);
+            }
+        }
+    }
+}
+
 /// How a body ended.
 enum Driven<T> {
     Finished(T),
@@ -541,6 +654,8 @@ struct Held {
     /// When the acquire that took the key was sent.
     sent: Instant,
     fingerprint: Option<String>,
+    /// Token mode: when the token expires (its record is kept at least that long).
+    token_expires: Option<std::time::SystemTime>,
 }
 
 /// Releases the key unless disarmed (`store` taken); if dropped armed, which is a cancelled

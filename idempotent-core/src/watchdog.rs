@@ -413,9 +413,6 @@ mod renewal_tests {
         fn release<'a>(&'a self, key: &'a str, owner: &'a str) -> StoreFuture<'a, Result<Transition, StoreError>> {
             self.0.release(key, owner)
         }
-        fn issue_token<'a>(&'a self, key: &'a str, ttl: Duration) -> StoreFuture<'a, Result<bool, StoreError>> {
-            self.0.issue_token(key, ttl)
-        }
         fn watch<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Result<Watcher, StoreError>> {
             self.0.watch(key)
         }

@@ -60,8 +60,8 @@ pub fn authorization() -> impl Fn(&request::Parts) -> Option<String> + Clone + S
 /// # let idem = Idempotency::new(MemoryStore::new());
 /// let layer = IdempotencyLayer::per_client(idem, client::extension::<UserId>());
 /// ```
-pub fn extension<T: Display + Send + Sync + 'static>() -> impl Fn(&request::Parts) -> Option<String> + Clone + Send + Sync + 'static
-{
+pub fn extension<T: Display + Send + Sync + 'static>(
+) -> impl Fn(&request::Parts) -> Option<String> + Clone + Send + Sync + 'static {
     |req: &request::Parts| req.extensions.get::<T>().map(ToString::to_string)
 }
 

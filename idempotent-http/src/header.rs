@@ -99,7 +99,9 @@ pub fn parse_key_with(values: GetAll<'_, HeaderValue>, max_bytes: usize, lenient
     }
     let bare = |b: &[u8]| !b.is_empty() && b.iter().all(|&c| c.is_ascii_graphic() && !b"\",;\\".contains(&c));
     let key = match std::str::from_utf8(raw) {
-        Ok(text) if lenient && !text.trim_start().starts_with('"') && bare(text.trim().as_bytes()) => text.trim().to_owned(),
+        Ok(text) if lenient && !text.trim_start().starts_with('"') && bare(text.trim().as_bytes()) => {
+            text.trim().to_owned()
+        }
         _ => parse_sf_string_item(raw).map_err(KeyError::Malformed)?,
     };
     if key.is_empty() {
@@ -372,7 +374,10 @@ mod tests {
         for bad in [&b"two words"[..], b"a,b", b"a;b", br"a\b", br#"unterminated""#] {
             assert!(matches!(lenient(bad), Err(KeyError::Malformed(_))), "{:?}", String::from_utf8_lossy(bad));
         }
-        assert!(matches!(parse(&[b'x'; 200]), Err(KeyError::TooLong { .. })), "an over-long raw value is refused unread");
+        assert!(
+            matches!(parse(&[b'x'; 200]), Err(KeyError::TooLong { .. })),
+            "an over-long raw value is refused unread"
+        );
     }
 
     #[test]

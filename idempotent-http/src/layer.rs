@@ -66,7 +66,11 @@ pub(crate) struct Policy {
     pub(crate) keep: Option<Duration>,
     pub(crate) token_ttl: Duration,
     pub(crate) token_path: String,
+    pub(crate) token_guard: Option<TokenGuard>,
 }
+
+/// What runs before a token is issued; see [`IdempotencyLayer::token_guard`].
+pub type TokenGuard = Arc<dyn Fn(&request::Parts) -> Option<http::Response<axum::body::Body>> + Send + Sync>;
 
 impl Policy {
     /// The runtime scope of client `client`'s keys (`kind` is `key` or `token`). The client id
@@ -187,7 +191,10 @@ impl IdempotencyLayer {
     ///     req.headers.get("x-tenant").and_then(|v| v.to_str().ok()).map(str::to_owned)
     /// });
     /// ```
-    pub fn per_client(idem: Idempotency, client: impl Fn(&request::Parts) -> Option<String> + Send + Sync + 'static) -> Self {
+    pub fn per_client(
+        idem: Idempotency,
+        client: impl Fn(&request::Parts) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
         Self::with_client(idem, Arc::new(client))
     }
 
@@ -219,11 +226,12 @@ impl IdempotencyLayer {
                 keep: None,
                 token_ttl: DEFAULT_TOKEN_TTL,
                 token_path: DEFAULT_TOKEN_PATH.into(),
+                token_guard: None,
             }),
         }
     }
 
-    fn with(mut self, f: impl FnOnce(&mut Policy)) -> Self {
+    pub(crate) fn with(mut self, f: impl FnOnce(&mut Policy)) -> Self {
         f(Arc::make_mut(&mut self.policy));
         self
     }

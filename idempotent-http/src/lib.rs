@@ -47,8 +47,9 @@ mod token;
 
 pub use header::IDEMPOTENCY_KEY;
 pub use layer::{
-    stored_by_default, ClientScope, IdempotencyLayer, KeyMode, Ran, StorePredicate, DEFAULT_MAX_REQUEST_BYTES,
-    DEFAULT_REPLAY_HEADER, DEFAULT_TOKEN_PATH, DEFAULT_TOKEN_TTL, REJECTED_BEFORE_THE_HANDLER,
+    stored_by_default, ClientScope, IdempotencyLayer, KeyMode, Ran, StorePredicate, TokenGuard,
+    DEFAULT_MAX_REQUEST_BYTES, DEFAULT_REPLAY_HEADER, DEFAULT_TOKEN_PATH, DEFAULT_TOKEN_TTL,
+    REJECTED_BEFORE_THE_HANDLER,
 };
 pub use service::IdempotencyService;
 pub use stored::StoredResponse;

@@ -21,8 +21,8 @@ pub enum ProblemKind {
     MissingKey,
     /// 400: the header is not one structured-field string, or the key is empty or too long.
     MalformedKey,
-    /// 400: token mode, and the key is not a token this client was issued (unknown, expired,
-    /// or used so long ago that it was forgotten).
+    /// 400: token mode, and the key is not a token this client was issued (made up, tampered
+    /// with, or expired).
     InvalidToken,
     /// 403: the client-scope extractor found no client in the request.
     UnidentifiedClient,

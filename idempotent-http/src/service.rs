@@ -160,7 +160,8 @@ where
 
 /// The call for a request's key, `None` when it runs unguarded, or the problem refusing it.
 fn prepare(policy: &Policy, parts: &request::Parts) -> Result<Option<Call>, Problem> {
-    let key = match parse_key_with(parts.headers.get_all(&IDEMPOTENCY_KEY), policy.max_key_bytes, policy.lenient_header) {
+    let key = match parse_key_with(parts.headers.get_all(&IDEMPOTENCY_KEY), policy.max_key_bytes, policy.lenient_header)
+    {
         Ok(key) => key,
         Err(KeyError::Missing) => {
             return match policy.mode {

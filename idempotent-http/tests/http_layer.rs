@@ -36,6 +36,7 @@ both_stores!(
     clients_with_one_key_and_one_body_are_apart_by_their_credentials,
     rejections_before_the_handler_are_not_stored,
     lenient_header_takes_a_bare_uuid,
+    token_guard_answers_instead_of_issuing,
 );
 
 /// The largest serialized result the runtime stores for replay in these tests.
@@ -154,7 +155,8 @@ async fn server(backend: Backend) -> TestServer {
                 let run = c.typed.fetch_add(1, SeqCst) + 1;
                 if order.qty == 0 {
                     // The handler's own refusal, after work that must not run twice: stored.
-                    let mut declined = (StatusCode::UNPROCESSABLE_ENTITY, format!("declined, run {run}")).into_response();
+                    let mut declined =
+                        (StatusCode::UNPROCESSABLE_ENTITY, format!("declined, run {run}")).into_response();
                     declined.extensions_mut().insert(Ran);
                     return declined;
                 }
@@ -168,6 +170,16 @@ async fn server(backend: Backend) -> TestServer {
                 .route_layer(layer.clone().lenient_header()),
         )
         .merge(layer.token_router())
+        .merge(
+            layer
+                .clone()
+                .token_path("/guarded/token")
+                .token_guard(|req| match req.headers.get("x-session") {
+                    Some(_) => None,
+                    None => Some((StatusCode::UNAUTHORIZED, "log in first").into_response()),
+                })
+                .token_router(),
+        )
         .with_state(counters.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
@@ -445,7 +457,7 @@ async fn issue_token(http: &reqwest::Client, s: &TestServer) -> String {
 async fn token_is_consumed_once_and_usable_after_a_failure(backend: Backend) {
     let s = server(backend).await;
     let token = issue_token(&s.http, &s).await;
-    assert_eq!(token.len(), 22);
+    assert_eq!(token.len(), 56);
     // A key the server did not issue is refused.
     let r = s.post("/token-orders", Some("made-up-token"), "order").send().await.unwrap();
     problem(r, 400, "invalid-token").await;
@@ -581,11 +593,29 @@ async fn lenient_header_takes_a_bare_uuid(backend: Backend) {
     let first = s.http.post(s.url("/lenient")).header("idempotency-key", uuid).body("{}").send().await.unwrap();
     assert_eq!(first.status(), 201);
     // The bare and the quoted forms are one key.
-    let quoted =
-        s.http.post(s.url("/lenient")).header("idempotency-key", format!("\"{uuid}\"")).body("{}").send().await.unwrap();
+    let quoted = s
+        .http
+        .post(s.url("/lenient"))
+        .header("idempotency-key", format!("\"{uuid}\""))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
     assert!(replayed(&quoted));
     let r = s.http.post(s.url("/lenient")).header("idempotency-key", "two words").body("{}").send().await.unwrap();
     problem(r, 400, "malformed-key").await;
+}
+
+/// The token endpoint behind a guard: without a session the guard's answer, with one a token.
+async fn token_guard_answers_instead_of_issuing(backend: Backend) {
+    let s = server(backend).await;
+    let r = s.http.post(s.url("/guarded/token")).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    assert_eq!(r.text().await.unwrap(), "log in first");
+    let r = s.http.post(s.url("/guarded/token")).header("x-session", "abc").send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["token"].as_str().unwrap().len(), 56);
 }
 
 /// Awaits all futures concurrently (each on its own task), in order.

@@ -243,7 +243,9 @@ fn key_expression(
     // A constant key needs no builder.
     if let [Piece::Text(text)] = pieces.as_slice() {
         let text = LitStr::new(text, span);
-        return Ok(quote_spanned!(span=> ::core::result::Result::<_, #private::Error>::Ok(::std::string::String::from(#text))));
+        return Ok(
+            quote_spanned!(span=> ::core::result::Result::<_, #private::Error>::Ok(::std::string::String::from(#text))),
+        );
     }
     // What a value must escape besides `%`: the first character of the text after each value
     // that another value follows. A reader then finds where each value ends (at the first such
@@ -293,13 +295,19 @@ fn key_expression(
                 let root = &path[0];
                 let value = if root == "self" {
                     if !has_self {
-                        return Err(syn::Error::new(span, format!("`{{{shown}}}`: there is no `self` here; {}", known())));
+                        return Err(syn::Error::new(
+                            span,
+                            format!("`{{{shown}}}`: there is no `self` here; {}", known()),
+                        ));
                     }
                     quote_spanned!(span=> self)
                 } else if arguments.iter().any(|a| a == &root) {
                     Ident::new(root, span).into_token_stream()
                 } else {
-                    return Err(syn::Error::new(span, format!("`{{{shown}}}`: `{root}` is not an argument; {}", known())));
+                    return Err(syn::Error::new(
+                        span,
+                        format!("`{{{shown}}}`: `{root}` is not an argument; {}", known()),
+                    ));
                 };
                 let fields = path[1..].iter().map(|field| match field.parse::<u32>() {
                     Ok(index) => syn::Member::Unnamed(syn::Index { index, span }),
@@ -382,7 +390,10 @@ mod tests {
                 }
             ),
         );
-        assert!(out.to_string().contains(r#"KeyBuilder :: new ("{token}" , "") . value ("token" , & token) . finish ()"#), "{out}");
+        assert!(
+            out.to_string().contains(r#"KeyBuilder :: new ("{token}" , "") . value ("token" , & token) . finish ()"#),
+            "{out}"
+        );
         let out = expand(
             quote!(key = "nightly-{{report}}"),
             quote!(
@@ -393,9 +404,25 @@ mod tests {
         );
         assert!(out.to_string().contains(r#":: std :: string :: String :: from ("nightly-{report}")"#), "{out}");
         // Two values with nothing between them could be cut two ways.
-        let out = expand(quote!(key = "{a}{b}"), quote!(async fn f(a: u8, b: u8) -> R<u8> { Ok(1) })).to_string();
+        let out = expand(
+            quote!(key = "{a}{b}"),
+            quote!(
+                async fn f(a: u8, b: u8) -> R<u8> {
+                    Ok(1)
+                }
+            ),
+        )
+        .to_string();
         assert!(out.contains("follows another placeholder directly"), "{out}");
-        let out = expand(quote!(key = "{a}%{b}"), quote!(async fn f(a: u8, b: u8) -> R<u8> { Ok(1) })).to_string();
+        let out = expand(
+            quote!(key = "{a}%{b}"),
+            quote!(
+                async fn f(a: u8, b: u8) -> R<u8> {
+                    Ok(1)
+                }
+            ),
+        )
+        .to_string();
         assert!(out.contains("may not start with `%`"), "{out}");
     }
 

@@ -70,9 +70,10 @@ macro_rules! both_stores {
     };
 }
 
-/// Runs each named `async fn(Backend)` of the including file as four tests: `memory::name`,
+/// Runs each named `async fn(Backend)` of the including file as five tests: `memory::name`,
 /// `redis::name` (a standalone server of the test's own), `cluster::name` (a 3-primary,
-/// 3-replica Redis Cluster) and `sentinel::name` (a Sentinel group). The cluster and the Sentinel
+/// 3-replica Redis Cluster), `sentinel::name` (a Sentinel group) and `acl::name` (a standalone
+/// server, the store logged in as a user with only the permissions docs/security.md lists). The cluster and the Sentinel
 /// group are shared by the tests of one binary; each test gets its own key prefix.
 #[allow(unused_macros)]
 macro_rules! all_stores {
@@ -91,6 +92,14 @@ macro_rules! all_stores {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
                     super::$name(super::Backend::Sentinel).await
+                }
+            )*
+        }
+        mod acl {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Backend::RedisAcl).await
                 }
             )*
         }
@@ -435,6 +444,20 @@ pub enum Backend {
     /// The test binary's shared Sentinel group (1 primary, 2 replicas, 3 sentinels), under a key
     /// prefix of the test's own.
     Sentinel,
+    /// A standalone server of the test's own, the store logged in (username and password in the
+    /// URL) as a user restricted by [`ACL_RULES`].
+    RedisAcl,
+}
+
+/// The least-privilege user of docs/security.md: the store's key prefix and channels, and the
+/// commands the store sends (a test checks the page shows exactly these rules).
+pub const ACL_RULES: &str = "on >s3cret resetkeys ~idem:* resetchannels &idem:* -@all +auth +hello +ping +select +client|id +get +set +del +pexpire +pttl +time +type +publish +subscribe +unsubscribe +eval +evalsha +script|load +info +scan";
+
+/// Creates the user `idem` with `rules` on the server at `port`.
+pub fn create_acl_user(port: u16, rules: &str) {
+    let mut args = vec!["ACL", "SETUSER", "idem"];
+    args.extend(rules.split(' '));
+    assert_eq!(command_at(port, &args).expect("ACL SETUSER"), "OK");
 }
 
 /// A key prefix no other fixture of this process uses.
@@ -474,6 +497,12 @@ impl Fixture {
                 let redis = connect_all(server.url(), None).await;
                 Fixture { backend, server: Some(server), memory: None, redis }
             }
+            Backend::RedisAcl => {
+                let server = RedisServer::start();
+                create_acl_user(server.port(), ACL_RULES);
+                let redis = connect_all(format!("redis://idem:s3cret@127.0.0.1:{}", server.port()), None).await;
+                Fixture { backend, server: Some(server), memory: None, redis }
+            }
             Backend::Cluster => {
                 let url = tokio::task::block_in_place(|| RedisCluster::shared().url());
                 let redis = connect_all(url, Some(unique_prefix("c"))).await;
@@ -491,13 +520,16 @@ impl Fixture {
     pub fn store(&self, i: usize) -> Arc<dyn Store> {
         match self.backend {
             Backend::Memory => self.memory.clone().unwrap(),
-            Backend::Redis | Backend::Cluster | Backend::Sentinel => Arc::new(self.redis[i % self.redis.len()].clone()),
+            Backend::Redis | Backend::RedisAcl | Backend::Cluster | Backend::Sentinel => {
+                Arc::new(self.redis[i % self.redis.len()].clone())
+            }
         }
     }
 
-    /// A runtime on client `i`.
+    /// A runtime on client `i`. Every runtime of the tests shares one token key, as every
+    /// instance of a service would.
     pub fn idem(&self, i: usize) -> Idempotency {
-        Idempotency::builder_shared(self.store(i)).build()
+        Idempotency::builder_shared(self.store(i)).token_keys(test_token_keys()).build()
     }
 
     /// A runtime on client `i` with a builder step applied.
@@ -506,14 +538,14 @@ impl Fixture {
         i: usize,
         f: impl FnOnce(idempotency::IdempotencyBuilder) -> idempotency::IdempotencyBuilder,
     ) -> Idempotency {
-        f(Idempotency::builder_shared(self.store(i))).build()
+        f(Idempotency::builder_shared(self.store(i)).token_keys(test_token_keys())).build()
     }
 
     /// Sends a raw command about one of this fixture's record keys to the node that holds it.
     pub fn raw_command(&self, args: &[&str]) -> Result<String, String> {
         match self.backend {
             Backend::Memory => panic!("no raw commands on MemoryStore"),
-            Backend::Redis => self.server.as_ref().unwrap().command(args),
+            Backend::Redis | Backend::RedisAcl => self.server.as_ref().unwrap().command(args),
             Backend::Cluster => RedisCluster::shared().command(args),
             Backend::Sentinel => SentinelGroup::shared().primary_command(args),
         }
@@ -525,12 +557,17 @@ impl Fixture {
             Backend::Memory => {
                 self.memory.as_ref().unwrap().remove(key);
             }
-            Backend::Redis | Backend::Cluster | Backend::Sentinel => {
+            Backend::Redis | Backend::RedisAcl | Backend::Cluster | Backend::Sentinel => {
                 let rk = self.redis[0].record_key(key);
                 self.raw_command(&["DEL", &rk]).expect("DEL");
             }
         }
     }
+}
+
+/// The token key every runtime of the tests shares.
+pub fn test_token_keys() -> idempotency::TokenKeys {
+    idempotency::TokenKeys::new(b"the tests' token key, 32 bytes or more").expect("a long enough secret")
 }
 
 /// Runs `f` until it returns `Some`, for at most `limit`; panics with `what` otherwise.

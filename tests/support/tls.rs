@@ -19,13 +19,14 @@ impl TestCa {
         let dir = std::env::temp_dir().join(format!("idem-tls-{}-{name}-{}", std::process::id(), free_port()));
         std::fs::create_dir_all(&dir).unwrap();
         let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
-        openssl(&dir, &[&["req", "-x509"][..], &ec, &["-keyout", "ca.key", "-out", "ca.crt", "-days", "2"]].concat(), &format!("/CN={name}"));
+        openssl(
+            &dir,
+            &[&["req", "-x509"][..], &ec, &["-keyout", "ca.key", "-out", "ca.crt", "-days", "2"]].concat(),
+            &format!("/CN={name}"),
+        );
         openssl(&dir, &[&["req"][..], &ec, &["-keyout", "server.key", "-out", "server.csr"]].concat(), "/CN=localhost");
-        std::fs::write(
-            dir.join("ext.cnf"),
-            "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n",
-        )
-        .unwrap();
+        std::fs::write(dir.join("ext.cnf"), "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n")
+            .unwrap();
         let out = Command::new("openssl")
             .current_dir(&dir)
             .args(["x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial"])
@@ -77,7 +78,8 @@ impl TlsRedis {
     pub fn start_with(ca: &TestCa, extra: &[&str]) -> TlsRedis {
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         let tls_port = Arc::new(AtomicU16::new(0));
-        let (port_out, cert, key, ca_file) = (tls_port.clone(), ca.file("server.crt"), ca.file("server.key"), ca.file("ca.crt"));
+        let (port_out, cert, key, ca_file) =
+            (tls_port.clone(), ca.file("server.crt"), ca.file("server.key"), ca.file("ca.crt"));
         let server = RedisServer::start_with(Arc::new(move |_, _| {
             let port = free_port();
             port_out.store(port, Ordering::SeqCst);

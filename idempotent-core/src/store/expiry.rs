@@ -1,9 +1,8 @@
 //! Expiry bookkeeping for `MemoryStore`: which keys are due to expire, cheaply.
 //!
-//! Records that live a fixed time from their write (a completed record's `keep`, a token's
-//! lifetime) go into one first-in-first-out queue per lifetime: a queue's entries then expire in
-//! order, so finding the due ones costs nothing but its front. Anything else (a token put back
-//! to ISSUED until an absolute time, or more distinct lifetimes than queues) goes into a heap.
+//! Records that live a fixed time from their write (a completed record's `keep`) go into one
+//! first-in-first-out queue per lifetime: a queue's entries then expire in order, so finding the
+//! due ones costs nothing but its front. More distinct lifetimes than queues go into a heap.
 //! In-progress records are not queued at all: their holder commits or releases them, and one
 //! whose holder vanished is treated as absent when next read and swept out with the others
 //! when the store has doubled since the last sweep. Entries hold a key's hash, not the key: the
@@ -39,8 +38,8 @@ impl Expiries {
         }
     }
 
-    /// The key hashed to `hash` expires at `at`.
-    pub(crate) fn at(&mut self, hash: u64, at: Instant) {
+    /// The key hashed to `hash` expires at `at` (the heap: any time, any order).
+    fn at(&mut self, hash: u64, at: Instant) {
         self.heap.push(Reverse((at, hash)));
     }
 

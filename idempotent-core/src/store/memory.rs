@@ -3,7 +3,6 @@
 
 use std::hash::BuildHasher;
 use std::sync::Mutex;
-use std::time::Duration;
 
 use foldhash::fast::RandomState;
 use hashbrown::HashTable;
@@ -11,7 +10,7 @@ use tokio::time::Instant;
 
 use super::channels::Channels;
 use super::expiry::Expiries;
-use super::{AcquireOutcome, AcquireRequest, CommitRequest, Lease, Mode, Store, StoreFuture, Transition, Watcher};
+use super::{AcquireOutcome, AcquireRequest, CommitRequest, Lease, Store, StoreFuture, Transition, Watcher};
 use crate::error::StoreError;
 
 /// How many expired records a write removes at most, besides its own key.
@@ -22,7 +21,7 @@ const SWEEP_FLOOR: usize = 1024;
 
 /// A store in this process's memory.
 ///
-/// Keys expire like in Redis (a lease, `keep`, a token's lifetime), so everything a
+/// Keys expire like in Redis (a lease, `keep`), so everything a
 /// [`RedisStore`](super::redis::RedisStore) does can be tried without one. It only protects
 /// calls made within this process.
 ///
@@ -49,7 +48,7 @@ pub struct MemoryStore {
 #[derive(Default)]
 struct State {
     records: Records,
-    /// Which records are due to expire (completed records and tokens; see `expiry`).
+    /// Which records are due to expire (completed records; see `expiry`).
     expiries: Expiries,
     /// Past this many records, sweep every expired one (in-progress records are not queued).
     sweep_at: usize,
@@ -72,7 +71,6 @@ struct Entry {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
-    Issued,
     InProgress,
     Completed,
 }
@@ -84,11 +82,7 @@ struct Record {
     fence: u64,
     /// Completed: the result, `None` when not replayable.
     result: Option<Box<[u8]>>,
-    /// Token records: when the token expires.
-    token_expiry: Option<Instant>,
-    /// Token records while in progress: when the lease ends.
-    lease_until: Option<Instant>,
-    /// When the whole record disappears.
+    /// When the record disappears: the lease's end while in progress, `keep` after the commit.
     expires_at: Instant,
     /// A caller waits for this key to change.
     watched: bool,
@@ -164,9 +158,6 @@ impl MemoryStore {
         let hash = st.records.hash(req.key);
         let fence = st.last_fence + 1;
         let Some(entry) = st.records.live(hash, req.key, now) else {
-            if req.mode == Mode::Token {
-                return AcquireOutcome::InvalidToken;
-            }
             st.last_fence = fence;
             st.records.insert(
                 hash,
@@ -177,8 +168,6 @@ impl MemoryStore {
                     fingerprint: req.fingerprint.map(Box::from),
                     fence,
                     result: None,
-                    token_expiry: None,
-                    lease_until: None,
                     expires_at: now + req.lease,
                     watched: false,
                 },
@@ -190,43 +179,20 @@ impl MemoryStore {
         };
         let rec = &mut entry.record;
         match rec.phase {
-            Phase::InProgress if held_by(rec, req.owner) => return AcquireOutcome::Acquired { fence: rec.fence },
-            Phase::Completed => {
-                return AcquireOutcome::Completed {
-                    fingerprint: rec.fingerprint.as_deref().map(str::to_owned),
-                    result: rec.result.as_deref().map(<[u8]>::to_vec),
-                    kept_for: rec.expires_at.saturating_duration_since(now),
-                }
-            }
+            Phase::InProgress if held_by(rec, req.owner) => AcquireOutcome::Acquired { fence: rec.fence },
+            Phase::Completed => AcquireOutcome::Completed {
+                fingerprint: rec.fingerprint.as_deref().map(str::to_owned),
+                result: rec.result.as_deref().map(<[u8]>::to_vec),
+                kept_for: rec.expires_at.saturating_duration_since(now),
+            },
             Phase::InProgress => {
-                let until = rec.lease_until.unwrap_or(rec.expires_at);
-                // A token whose holder's lease ran out is ISSUED again.
-                if !(rec.token_expiry.is_some() && until <= now) {
-                    rec.watched |= req.will_wait;
-                    return AcquireOutcome::InProgress {
-                        fingerprint: rec.fingerprint.as_deref().map(str::to_owned),
-                        lease_left: until.saturating_duration_since(now),
-                    };
+                rec.watched |= req.will_wait;
+                AcquireOutcome::InProgress {
+                    fingerprint: rec.fingerprint.as_deref().map(str::to_owned),
+                    lease_left: rec.expires_at.saturating_duration_since(now),
                 }
             }
-            Phase::Issued => {}
         }
-        if req.mode != Mode::Token {
-            return AcquireOutcome::Corrupt {
-                reason: "holds an issued token, but the call is in parameter mode".into(),
-            };
-        }
-        let token_expiry = rec.token_expiry.unwrap_or(now);
-        let lease_until = now + req.lease;
-        rec.phase = Phase::InProgress;
-        rec.owner = Some(Short::new(req.owner));
-        rec.fingerprint = req.fingerprint.map(Box::from);
-        rec.fence = fence;
-        rec.lease_until = Some(lease_until);
-        rec.expires_at = token_expiry.max(lease_until);
-        st.last_fence = fence;
-        st.sweep_if_doubled(now);
-        AcquireOutcome::Acquired { fence }
     }
 
     fn renew_now(&self, leases: &[Lease<'_>]) -> Vec<bool> {
@@ -237,18 +203,10 @@ impl MemoryStore {
             .map(|l| {
                 let hash = st.records.hash(l.key);
                 match st.records.live(hash, l.key, now).map(|e| &mut e.record) {
-                    Some(rec) if held_by(rec, l.owner) => match (rec.token_expiry, rec.lease_until) {
-                        (Some(_), Some(until)) if until <= now => false,
-                        (Some(te), _) => {
-                            rec.lease_until = Some(now + l.lease);
-                            rec.expires_at = te.max(now + l.lease);
-                            true
-                        }
-                        (None, _) => {
-                            rec.expires_at = now + l.lease;
-                            true
-                        }
-                    },
+                    Some(rec) if held_by(rec, l.owner) => {
+                        rec.expires_at = now + l.lease;
+                        true
+                    }
                     _ => false,
                 }
             })
@@ -267,8 +225,6 @@ impl MemoryStore {
                 fingerprint: req.fingerprint.map(Box::from),
                 fence: req.fence,
                 result: req.result.map(Box::from),
-                token_expiry: None,
-                lease_until: None,
                 expires_at: now + req.keep,
                 watched: false,
             };
@@ -313,27 +269,11 @@ impl MemoryStore {
             let st = &mut *st;
             let hash = st.records.hash(key);
             let Some(entry) = st.records.live(hash, key, now) else { return Transition::Done };
-            let rec = &mut entry.record;
-            match rec.phase {
-                Phase::Issued => return Transition::Done,
-                Phase::InProgress if held_by(rec, owner) => {}
-                _ => return Transition::Lost,
+            if !held_by(&entry.record, owner) {
+                return Transition::Lost;
             }
-            let watched = rec.watched;
-            match rec.token_expiry {
-                Some(te) if te > now => {
-                    rec.phase = Phase::Issued;
-                    rec.owner = None;
-                    rec.fingerprint = None;
-                    rec.lease_until = None;
-                    rec.watched = false;
-                    rec.expires_at = te;
-                    st.expiries.at(hash, te);
-                }
-                _ => {
-                    st.records.remove(hash, key);
-                }
-            }
+            let watched = entry.record.watched;
+            st.records.remove(hash, key);
             st.tick(now);
             watched
         };
@@ -341,31 +281,6 @@ impl MemoryStore {
             self.watchers.notify(key);
         }
         Transition::Done
-    }
-
-    fn issue_now(&self, key: &str, ttl: Duration) -> bool {
-        let now = Instant::now();
-        let mut st = self.lock();
-        let st = &mut *st;
-        let hash = st.records.hash(key);
-        if st.records.live(hash, key, now).is_some() {
-            return false;
-        }
-        let record = Record {
-            phase: Phase::Issued,
-            owner: None,
-            fingerprint: None,
-            fence: 0,
-            result: None,
-            token_expiry: Some(now + ttl),
-            lease_until: None,
-            expires_at: now + ttl,
-            watched: false,
-        };
-        st.records.insert(hash, key, record);
-        st.expiries.after(hash, ttl, now + ttl);
-        st.tick(now);
-        true
     }
 
     fn watch_now(&self, key: &str) -> Watcher {
@@ -450,10 +365,6 @@ impl Store for MemoryStore {
 
     fn release<'a>(&'a self, key: &'a str, owner: &'a str) -> StoreFuture<'a, Result<Transition, StoreError>> {
         StoreFuture::ready(Ok(self.release_now(key, owner)))
-    }
-
-    fn issue_token<'a>(&'a self, key: &'a str, ttl: Duration) -> StoreFuture<'a, Result<bool, StoreError>> {
-        StoreFuture::ready(Ok(self.issue_now(key, ttl)))
     }
 
     fn watch<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Result<Watcher, StoreError>> {

@@ -1,5 +1,5 @@
-//! The `Store` trait: the per-key state machine's four transitions (plus token issue and change
-//! notification), and the stores that implement it.
+//! The `Store` trait: the per-key state machine's four transitions (plus change notification),
+//! and the stores that implement it.
 //!
 //! A store keeps one record per key:
 //!
@@ -7,8 +7,10 @@
 //!   absent ──acquire──▶ IN_PROGRESS ──commit──▶ COMPLETED (kept for `keep`)
 //!     ▲                   │   ▲ renew
 //!     └──release / lease──┘   └─┘
-//!   token mode: issue_token ──▶ ISSUED ──acquire──▶ IN_PROGRESS; release ──▶ ISSUED
 //! ```
+//!
+//! (Token mode needs nothing more of a store: tokens are signed, not stored, and a token's first
+//! use acquires its key like any other.)
 //!
 //! Every transition is atomic and checks the owner id of the attempt, and every transition is
 //! safe to repeat for the same owner: a client may re-send a command whose reply was lost.
@@ -30,18 +32,6 @@ pub mod redis;
 
 pub use future::{BoxFuture, StoreFuture};
 
-/// Parameter mode (the key comes from the call's arguments) or token mode (the key is a
-/// one-time token issued beforehand).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Mode {
-    /// The key is built from the call's parameters; an absent key is acquired.
-    #[default]
-    Param,
-    /// The key is a token from [`issue_token`](crate::Idempotency::issue_token); an absent key
-    /// is [`InvalidToken`](crate::Error::InvalidToken).
-    Token,
-}
-
 /// What [`Store::acquire`] is asked.
 #[derive(Debug, Clone, Copy)]
 pub struct AcquireRequest<'a> {
@@ -53,8 +43,6 @@ pub struct AcquireRequest<'a> {
     pub lease: Duration,
     /// The payload's fingerprint, stored with the record and reported back to later callers.
     pub fingerprint: Option<&'a str>,
-    /// Parameter or token mode.
-    pub mode: Mode,
     /// The caller will wait for the key to change: commit and release must notify watchers.
     pub will_wait: bool,
     /// Report `lease_left` and `kept_for`; a store may leave them zero otherwise (they may cost
@@ -90,8 +78,6 @@ pub enum AcquireOutcome {
         /// `report_ttl`); bounds how long a copy of the result may be cached.
         kept_for: Duration,
     },
-    /// Token mode: no token record at this key.
-    InvalidToken,
     /// The key holds something that is not an idempotency record.
     Corrupt {
         /// What was found.
@@ -152,9 +138,7 @@ pub struct Lease<'a> {
 /// Each method returns a [`StoreFuture`]: `StoreFuture::ready(answer)` when the store has the
 /// answer at once (no allocation), `StoreFuture::new(async move { .. })` when it must wait.
 pub trait Store: Send + Sync + 'static {
-    /// Absent → IN_PROGRESS held by `owner` with a lease (parameter mode), or ISSUED →
-    /// IN_PROGRESS (token mode; a token whose holder's lease ran out counts as ISSUED).
-    /// IN_PROGRESS already held by `owner` (a re-sent acquire) → `Acquired` with a fencing token
+    /// Absent → IN_PROGRESS held by `owner` with a lease. IN_PROGRESS already held by `owner` (a re-sent acquire) → `Acquired` with a fencing token
     /// as good as the first: the same one, or one stamped later while `owner` holds the key.
     /// Anything else is reported as found, unchanged (except that `will_wait` marks the record
     /// as watched).
@@ -174,13 +158,9 @@ pub trait Store: Send + Sync + 'static {
     /// watchers.
     fn commit<'a>(&'a self, request: CommitRequest<'a>) -> StoreFuture<'a, Result<Transition, StoreError>>;
 
-    /// IN_PROGRESS held by `owner` → absent (parameter mode) or ISSUED (token mode, until the
-    /// token expires). Absent or ISSUED → `Done`. Held or completed by another owner → `Lost`.
-    /// Notifies watchers.
+    /// IN_PROGRESS held by `owner` → absent. Absent → `Done`. Held or completed by another
+    /// owner → `Lost`. Notifies watchers.
     fn release<'a>(&'a self, key: &'a str, owner: &'a str) -> StoreFuture<'a, Result<Transition, StoreError>>;
-
-    /// Creates an ISSUED token record valid for `ttl`; `false` if the key exists already.
-    fn issue_token<'a>(&'a self, key: &'a str, ttl: Duration) -> StoreFuture<'a, Result<bool, StoreError>>;
 
     /// A watcher woken when the key's record is committed or released. It must be in place
     /// before this returns, so that a change made after `watch` returns wakes it.

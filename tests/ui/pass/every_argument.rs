@@ -47,7 +47,7 @@ async fn main() {
     idempotency::init(Idempotency::new(MemoryStore::new())).unwrap();
     assert_eq!(on_callback(cb()).await.unwrap(), "receipt for 1");
     assert_eq!(on_callback(cb()).await.unwrap(), "receipt for 1");
-    let token = idempotency::global().issue_token(std::time::Duration::from_secs(10)).await.unwrap();
+    let token = idempotency::global().issue_token(std::time::Duration::from_secs(10)).unwrap();
     assert_eq!(submit(&token, 3).await.unwrap(), 3);
     assert!(matches!(submit(&token, 3).await, Err(AppError(Error::Duplicate { .. }))));
 }

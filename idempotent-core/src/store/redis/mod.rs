@@ -16,7 +16,7 @@ use fred::prelude::*;
 use fred::types::{CustomCommand, Expiration, SetOptions};
 use tokio::sync::OnceCell;
 
-use super::{AcquireOutcome, AcquireRequest, CommitRequest, Lease, Mode, Store, StoreFuture, Transition, Watcher};
+use super::{AcquireOutcome, AcquireRequest, CommitRequest, Lease, Store, StoreFuture, Transition, Watcher};
 use crate::error::{StoreError, StoreErrorKind};
 
 mod keys;
@@ -224,7 +224,7 @@ impl RedisStore {
     }
 
     async fn acquire_inner(&self, req: AcquireRequest<'_>) -> Result<AcquireOutcome, StoreError> {
-        let found = if req.mode == Mode::Param && !req.will_wait && self.inner.plain_acquire {
+        let found = if !req.will_wait && self.inner.plain_acquire {
             self.acquire_plain(&req).await
         } else {
             self.acquire_script(&req).await
@@ -303,7 +303,6 @@ impl RedisStore {
                 req.owner.into(),
                 millis(req.lease).into(),
                 req.fingerprint.unwrap_or("").into(),
-                if req.mode == Mode::Token { "t" } else { "p" }.into(),
                 if req.will_wait { "1" } else { "0" }.into(),
                 if req.report_ttl { "1" } else { "0" }.into(),
             ]
@@ -343,7 +342,7 @@ impl RedisStore {
         // What a parameter-mode acquire by this owner wrote: the script's fast path compares it
         // whole instead of decoding the record.
         let pending = record::pending(req.owner, req.fingerprint);
-        let completed = bytes::Bytes::from(record::completed(req.fence, req.fingerprint, req.result));
+        let completed = bytes::Bytes::from(record::completed(req.fence, req.fingerprint, unix_ms_now(), req.result));
         let args = || {
             vec![
                 req.owner.into(),
@@ -426,11 +425,6 @@ impl RedisStore {
                 backoff = (backoff * 2).min(Duration::from_secs(1));
             }
         });
-    }
-
-    async fn issue_inner(&self, key: &str, ttl: Duration) -> Result<bool, StoreError> {
-        let reply = self.script("issue_token", &scripts::ISSUE, key, || vec![millis(ttl).into()]).await?;
-        replies::issued(reply)
     }
 
     async fn watch_inner(&self, key: &str) -> Result<Watcher, StoreError> {
@@ -715,6 +709,12 @@ async fn join_all<F: Future>(futs: impl IntoIterator<Item = F>) -> Vec<F::Output
 
 /// A fred error as a store error, with the kind a caller can act on.
 pub(crate) fn store_error(op: &str, e: Error) -> StoreError {
+    // The server refused a command to this user: a configuration matter (docs/security.md
+    // lists the permissions the store needs); Redis's message names the command.
+    if e.details().starts_with("NOPERM") {
+        let message = format!("{op}: {} (docs/security.md lists the permissions the store needs)", e.details());
+        return StoreError::new(StoreErrorKind::Config, message).with_source(e);
+    }
     // rustls reports a refused certificate as an I/O error of the handshake.
     if e.details().contains("InvalidCertificate") {
         let message = format!("{op}: the server's TLS certificate is not trusted ({}); is the CA right?", e.details());
@@ -741,6 +741,11 @@ pub(crate) fn store_error(op: &str, e: Error) -> StoreError {
     StoreError::new(kind, format!("{op}: {}", e.details())).with_source(e)
 }
 
+/// This machine's clock, unix ms: only for the informational `t` field of completed records.
+fn unix_ms_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
@@ -762,10 +767,6 @@ impl Store for RedisStore {
         StoreFuture::new(self.release_inner(key, owner))
     }
 
-    fn issue_token<'a>(&'a self, key: &'a str, ttl: Duration) -> StoreFuture<'a, Result<bool, StoreError>> {
-        StoreFuture::new(self.issue_inner(key, ttl))
-    }
-
     fn watch<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Result<Watcher, StoreError>> {
         StoreFuture::new(self.watch_inner(key))
     }
@@ -776,6 +777,20 @@ impl Store for RedisStore {
 
     fn call_timeout(&self) -> Option<Duration> {
         Some(self.inner.timeout)
+    }
+}
+
+impl std::fmt::Debug for RedisStoreBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The servers as errors show them: never a password.
+        f.debug_struct("RedisStoreBuilder")
+            .field("servers", &self.shown)
+            .field("tls", &self.tls)
+            .field("prefix", &self.prefix)
+            .field("pool_size", &self.pool_size)
+            .field("timeout", &self.timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .finish_non_exhaustive()
     }
 }
 

@@ -1,39 +1,50 @@
-//! The record format of `lua/lib.lua`, `s|n|o|f|l|te|w|r`, written and read in Rust: for the
-//! paths that need no script (acquire is a plain `SET NX GET`), and for the records a commit
-//! hands its script ready-made. Nothing here reads a clock: the server's time comes with the
-//! reply (`TIME`, `PTTL`).
+//! The record format of `lua/lib.lua`, `s|n|o|f|t|w|r`, written and read in Rust: for the paths
+//! that need no script (acquire is a plain `SET NX GET`), for the records a commit hands its
+//! script ready-made, and for operators' reads. Nothing here reads the server's clock: the
+//! server's time comes with the reply (`TIME`, `PTTL`).
 
 use std::time::Duration;
 
 use crate::store::AcquireOutcome;
 
-/// The IN_PROGRESS record a parameter-mode acquire writes: `P|0|owner|fingerprint||||`. Its
+/// The IN_PROGRESS record a parameter-mode acquire writes: `P|0|owner|fingerprint|||`. Its
 /// fencing token is not in it (`0`): the server's `TIME`, read right after this record was
 /// written, is. A commit passes it back to its script, which takes the fast path when the key
 /// still holds exactly this string (held by this owner, unwatched).
 pub(crate) fn pending(owner: &str, fingerprint: Option<&str>) -> String {
-    ["P|0|", owner, "|", fingerprint.unwrap_or(""), "||||"].concat()
+    ["P|0|", owner, "|", fingerprint.unwrap_or(""), "|||"].concat()
 }
 
-/// The COMPLETED record: `C|fence||fingerprint||||result`. How long it lives is the key's own
-/// expiry (`keep`), which a reader asks the server for (`PTTL`). An empty result means not
+/// The COMPLETED record: `C|fence||fingerprint|stored_ms||result`. How long it lives is the
+/// key's own expiry (`keep`), which a reader asks the server for (`PTTL`); `stored_ms` is when
+/// it was stored by the committing client's clock, for operators. An empty result means not
 /// replayable (a JSON result is never empty).
-pub(crate) fn completed(fence: u64, fingerprint: Option<&str>, result: Option<&[u8]>) -> Vec<u8> {
-    let mut fence_digits = itoa::Buffer::new();
-    [b"C|", fence_digits.format(fence).as_bytes(), b"||", fingerprint.unwrap_or("").as_bytes(), b"||||", result.unwrap_or_default()]
-        .concat()
+pub(crate) fn completed(fence: u64, fingerprint: Option<&str>, stored_ms: u64, result: Option<&[u8]>) -> Vec<u8> {
+    let (mut fence_digits, mut ms_digits) = (itoa::Buffer::new(), itoa::Buffer::new());
+    [
+        b"C|",
+        fence_digits.format(fence).as_bytes(),
+        b"||",
+        fingerprint.unwrap_or("").as_bytes(),
+        b"|",
+        ms_digits.format(stored_ms).as_bytes(),
+        b"||",
+        result.unwrap_or_default(),
+    ]
+    .concat()
 }
 
 /// A record's fields, borrowed from its bytes ('' for empty ones).
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Record<'a> {
+    /// `P` or `C`.
     pub state: u8,
     pub fence: u64,
     pub owner: &'a [u8],
     pub fingerprint: &'a [u8],
-    /// P token records: when the holder's lease ends (unix ms, the server's clock).
-    pub until: &'a [u8],
-    pub token_expiry: &'a [u8],
+    /// C: when it was stored (unix ms, the committing client's clock).
+    pub stored_ms: Option<u64>,
+    pub watched: bool,
     pub result: &'a [u8],
 }
 
@@ -42,17 +53,16 @@ pub(crate) const NOT_A_RECORD: &str = "holds a string that is not an idempotency
 
 /// Reads a record, or says why the bytes are not one (the same test as `load` in lib.lua).
 pub(crate) fn parse(bytes: &[u8]) -> Result<Record<'_>, &'static str> {
-    let mut fields = bytes.splitn(8, |&b| b == b'|');
+    let mut fields = bytes.splitn(7, |&b| b == b'|');
     let mut next = || fields.next().ok_or(NOT_A_RECORD);
-    let (state, fence, owner, fingerprint, until, token_expiry, _watched) =
-        (next()?, next()?, next()?, next()?, next()?, next()?, next()?);
+    let (state, fence, owner, fingerprint, stored, watched) = (next()?, next()?, next()?, next()?, next()?, next()?);
     let result = next()?;
     let state = match state {
-        [s @ (b'I' | b'P' | b'C')] => *s,
+        [s @ (b'P' | b'C')] => *s,
         _ => return Err(NOT_A_RECORD),
     };
     let fence = int(fence).ok_or(NOT_A_RECORD)?;
-    Ok(Record { state, fence, owner, fingerprint, until, token_expiry, result })
+    Ok(Record { state, fence, owner, fingerprint, stored_ms: int(stored), watched: watched == b"1", result })
 }
 
 fn int(digits: &[u8]) -> Option<u64> {
@@ -66,13 +76,8 @@ fn text(field: &[u8]) -> Option<String> {
     (!field.is_empty()).then(|| String::from_utf8_lossy(field).into_owned())
 }
 
-/// Milliseconds from `now_ms` until the unix-ms time in `field` (zero when empty or past).
-fn left(field: &[u8], now_ms: u64) -> Duration {
-    Duration::from_millis(int(field).unwrap_or(0).saturating_sub(now_ms))
-}
-
 /// A `PTTL` reply as a duration (zero for no key, or no expiry: -2, -1).
-fn ttl(pttl: Option<i64>) -> Duration {
+pub(crate) fn ttl(pttl: Option<i64>) -> Duration {
     Duration::from_millis(pttl.unwrap_or(0).max(0) as u64)
 }
 
@@ -85,31 +90,16 @@ pub(crate) fn found(bytes: &[u8], owner: &str, now_us: u64, pttl: Option<i64>) -
         Ok(rec) => rec,
         Err(reason) => return AcquireOutcome::Corrupt { reason: reason.to_owned() },
     };
-    let now_ms = now_us / 1000;
-    let issued = || {
-        let reason = if rec.token_expiry.is_empty() {
-            "holds an issued token with no expiry"
-        } else {
-            "holds an issued token, but the call is in parameter mode"
-        };
-        AcquireOutcome::Corrupt { reason: reason.to_owned() }
-    };
     match rec.state {
         b'P' if rec.owner == owner.as_bytes() => {
             AcquireOutcome::Acquired { fence: if rec.fence == 0 { now_us } else { rec.fence } }
         }
-        b'C' => AcquireOutcome::Completed {
+        b'P' => AcquireOutcome::InProgress { fingerprint: text(rec.fingerprint), lease_left: ttl(pttl) },
+        _ => AcquireOutcome::Completed {
             fingerprint: text(rec.fingerprint),
             result: (!rec.result.is_empty()).then(|| rec.result.to_vec()),
             kept_for: ttl(pttl),
         },
-        // A token whose holder's lease ran out counts as issued again.
-        b'P' if !rec.token_expiry.is_empty() && left(rec.until, now_ms).is_zero() => issued(),
-        b'P' if !rec.token_expiry.is_empty() => {
-            AcquireOutcome::InProgress { fingerprint: text(rec.fingerprint), lease_left: left(rec.until, now_ms) }
-        }
-        b'P' => AcquireOutcome::InProgress { fingerprint: text(rec.fingerprint), lease_left: ttl(pttl) },
-        _ => issued(),
     }
 }
 
@@ -120,15 +110,16 @@ mod tests {
     #[test]
     fn written_records_read_back() {
         let p = pending("own", Some("ab12"));
-        assert_eq!(p, "P|0|own|ab12||||");
+        assert_eq!(p, "P|0|own|ab12|||");
         // A re-sent acquire finds its own record: the fence is the server's TIME read after it.
         assert_eq!(found(p.as_bytes(), "own", 77, None), AcquireOutcome::Acquired { fence: 77 });
         assert_eq!(
             found(p.as_bytes(), "other", 0, Some(900)),
             AcquireOutcome::InProgress { fingerprint: Some("ab12".into()), lease_left: Duration::from_millis(900) }
         );
-        let c = completed(17, None, Some(b"{\"a\":\"x|y\"}"));
-        assert_eq!(c, b"C|17||||||{\"a\":\"x|y\"}");
+        let c = completed(17, None, 1_700_000_000_123, Some(b"{\"a\":\"x|y\"}"));
+        assert_eq!(c, b"C|17|||1700000000123||{\"a\":\"x|y\"}");
+        assert_eq!(parse(&c).unwrap().stored_ms, Some(1_700_000_000_123));
         // How long it is kept is what the server says (PTTL), whatever any clock says.
         assert_eq!(
             found(&c, "own", 1_000_000, Some(4_000)),
@@ -138,7 +129,7 @@ mod tests {
                 kept_for: Duration::from_secs(4)
             }
         );
-        let unreplayable = completed(3, Some("f"), None);
+        let unreplayable = completed(3, Some("f"), 1, None);
         assert_eq!(
             found(&unreplayable, "own", 20_000, None),
             AcquireOutcome::Completed { fingerprint: Some("f".into()), result: None, kept_for: Duration::ZERO }
@@ -147,27 +138,15 @@ mod tests {
 
     #[test]
     fn records_written_by_the_scripts_read_the_same() {
-        // As lib.lua's encode writes them: a token in progress, an issued token.
-        let token = b"P|1764505474123456|own||1000|9000||";
-        assert_eq!(found(token, "own", 0, None), AcquireOutcome::Acquired { fence: 1764505474123456 });
-        assert_eq!(
-            found(token, "other", 400_000, None),
-            AcquireOutcome::InProgress { fingerprint: None, lease_left: Duration::from_millis(600) }
-        );
-        assert!(
-            matches!(found(token, "other", 1_000_000, None), AcquireOutcome::Corrupt { reason } if reason.contains("parameter mode"))
-        );
-        assert!(
-            matches!(found(b"I|0||||9000||", "own", 0, None), AcquireOutcome::Corrupt { reason } if reason.contains("parameter mode"))
-        );
-        assert!(
-            matches!(found(b"I|0||||||", "own", 0, None), AcquireOutcome::Corrupt { reason } if reason.contains("no expiry"))
-        );
+        // As lib.lua's encode writes them: a waited-on record taken by a script.
+        let scripted = b"P|1764505474123456|own|||1|";
+        assert_eq!(found(scripted, "own", 0, None), AcquireOutcome::Acquired { fence: 1764505474123456 });
+        assert!(parse(scripted).unwrap().watched);
     }
 
     #[test]
     fn foreign_strings_are_not_records() {
-        for bad in [&b""[..], b"hello", b"C|12", b"X|1||||||", b"C|x||||||r", b"C|||||||r", b"P|-1||||||"] {
+        for bad in [&b""[..], b"hello", b"C|12", b"X|1|||||", b"C|x|||||r", b"C||||||r", b"P|-1|||||", b"I|0|||||"] {
             assert_eq!(parse(bad), Err(NOT_A_RECORD), "{:?}", String::from_utf8_lossy(bad));
             assert_eq!(found(bad, "own", 0, None), AcquireOutcome::Corrupt { reason: NOT_A_RECORD.into() });
         }

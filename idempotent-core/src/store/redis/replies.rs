@@ -64,7 +64,6 @@ pub(crate) fn acquire(reply: Value) -> Result<AcquireOutcome, StoreError> {
                 kept_for,
             }
         }
-        "invalid" => AcquireOutcome::InvalidToken,
         "corrupt" => AcquireOutcome::Corrupt { reason: items.get(1).and_then(text).unwrap_or_default() },
         _ => return Err(bad()),
     })
@@ -90,10 +89,4 @@ pub(crate) fn renewed(reply: Value, expected: usize) -> Result<Vec<bool>, StoreE
         Some(flags) if flags.len() == expected => Ok(flags),
         _ => Err(StoreError::reply("renew", format_args!("unexpected reply {items:?}"))),
     }
-}
-
-pub(crate) fn issued(reply: Value) -> Result<bool, StoreError> {
-    int(&reply)
-        .map(|i| i == 1)
-        .ok_or_else(|| StoreError::reply("issue_token", format_args!("unexpected reply {reply:?}")))
 }

@@ -30,11 +30,10 @@ pub(crate) static ACQUIRE: Lazy<Script> = lua!("acquire.lua");
 pub(crate) static RENEW: Lazy<Script> = lua!("renew.lua");
 pub(crate) static COMMIT: Lazy<Script> = lua!("commit.lua");
 pub(crate) static RELEASE: Lazy<Script> = lua!("release.lua");
-pub(crate) static ISSUE: Lazy<Script> = lua!("issue.lua");
 
 /// Every script, for loading them all at once.
-pub(crate) fn all() -> [&'static Script; 5] {
-    [&ACQUIRE, &RENEW, &COMMIT, &RELEASE, &ISSUE]
+pub(crate) fn all() -> [&'static Script; 4] {
+    [&ACQUIRE, &RENEW, &COMMIT, &RELEASE]
 }
 
 /// Runs `script` on `client`: EVALSHA, then EVAL if the server does not know the script.

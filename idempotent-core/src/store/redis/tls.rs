@@ -68,9 +68,10 @@ pub(crate) fn connector(settings: &TlsSettings) -> Result<TlsConnector, StoreErr
     let config = match &settings.client_pem {
         None => builder.with_no_client_auth(),
         Some((chain, key)) => {
-            let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(chain)
-                .collect::<Result<_, _>>()
-                .map_err(|e| config_error(format!("the TLS client certificate is not PEM: {e}")))?;
+            let chain: Vec<CertificateDer<'static>> =
+                CertificateDer::pem_slice_iter(chain)
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| config_error(format!("the TLS client certificate is not PEM: {e}")))?;
             let key = PrivateKeyDer::from_pem_slice(key)
                 .map_err(|e| config_error(format!("the TLS client key is not a PEM private key: {e}")))?;
             builder

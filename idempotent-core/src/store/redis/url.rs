@@ -47,11 +47,16 @@ pub(crate) fn parse(url: &str) -> Result<StoreUrl, StoreError> {
     // fred reads the plaintext form: TLS is set up by the store (with a crypto provider named
     // explicitly, so that fred never builds a default one), or refused without the feature.
     let plain = match (tls, url.split_once("://")) {
-        (true, Some((scheme, rest))) => format!("{}://{rest}", scheme.replacen("rediss", "redis", 1).replacen("valkeys", "valkey", 1)),
+        (true, Some((scheme, rest))) => {
+            format!("{}://{rest}", scheme.replacen("rediss", "redis", 1).replacen("valkeys", "valkey", 1))
+        }
         _ => url.to_owned(),
     };
     let config = Config::from_url(&plain).map_err(|e| {
-        StoreError::new(StoreErrorKind::Config, format!("{shown} is not a valid Redis URL: {}", scrub(e.details(), url)))
+        StoreError::new(
+            StoreErrorKind::Config,
+            format!("{shown} is not a valid Redis URL: {}", scrub(e.details(), url)),
+        )
     })?;
     Ok(StoreUrl { config, tls, shown })
 }
@@ -148,7 +153,10 @@ mod tests {
             "redis-sentinel://a:***@h:26379?sentinelServiceName=m&sentinelPassword=***&node=h2:1"
         );
         assert_eq!(masked("user:pw@host"), "<a URL with credentials>");
-        assert_eq!(scrub("auth failed for s3cret and s%40cret", "redis://u:s%40cret@h"), "auth failed for s3cret and ***");
+        assert_eq!(
+            scrub("auth failed for s3cret and s%40cret", "redis://u:s%40cret@h"),
+            "auth failed for s3cret and ***"
+        );
     }
 
     #[test]
