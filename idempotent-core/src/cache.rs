@@ -1,9 +1,12 @@
 //! The replay cache: an optional, bounded, in-process copy of completed results, so a hot
 //! duplicate is answered without a round trip. It never holds a key in progress, and an entry
 //! lives no longer than the record it copies: the caller gives each entry an end on this
-//! process's monotonic clock, from what the store reported at read time.
+//! process's monotonic clock, from what the store reported at read time. It follows the
+//! store's purges (a record an operator forgot goes from every process's cache), and caches
+//! nothing while it cannot.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::time::Instant;
@@ -20,6 +23,10 @@ pub(crate) struct Cached {
 
 pub(crate) struct ReplayCache {
     shards: Vec<Mutex<Shard>>,
+    /// Purges are followed: entries may be cached.
+    live: AtomicBool,
+    /// Following purges was started.
+    started: AtomicBool,
 }
 
 struct Shard {
@@ -36,7 +43,37 @@ impl ReplayCache {
         let shards = (0..SHARDS)
             .map(|_| Mutex::new(Shard { map: HashMap::new(), order: VecDeque::new(), capacity: per_shard }))
             .collect();
-        ReplayCache { shards }
+        ReplayCache { shards, live: AtomicBool::new(false), started: AtomicBool::new(false) }
+    }
+
+    /// Whether the caller is the first to ask: it then starts following purges.
+    pub(crate) fn start_following(&self) -> bool {
+        !self.started.swap(true, Ordering::AcqRel)
+    }
+
+    /// Purges are followed (or not): while not, nothing is cached.
+    pub(crate) fn set_live(&self, live: bool) {
+        self.live.store(live, Ordering::Release);
+        if !live {
+            self.clear();
+        }
+    }
+
+    /// Drops `key`'s entry (it was forgotten).
+    pub(crate) fn forget(&self, key: &str) {
+        // Expired in place: entries leave the map only through the queue.
+        if let Some(entry) = self.shard(key).map.get_mut(key) {
+            entry.expires_at = Instant::now();
+        }
+    }
+
+    /// Drops every entry.
+    pub(crate) fn clear(&self) {
+        for shard in &self.shards {
+            let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());
+            shard.map.clear();
+            shard.order.clear();
+        }
     }
 
     fn shard(&self, key: &str) -> std::sync::MutexGuard<'_, Shard> {
@@ -52,7 +89,7 @@ impl ReplayCache {
 
     /// Caches a completed result until `expires_at` (no later than the record's end).
     pub(crate) fn put(&self, key: &str, fingerprint: Option<&str>, result: &[u8], expires_at: Instant) {
-        if expires_at <= Instant::now() {
+        if expires_at <= Instant::now() || !self.live.load(Ordering::Acquire) {
             return;
         }
         let entry = Cached { fingerprint: fingerprint.map(Arc::from), result: Arc::from(result), expires_at };
@@ -75,6 +112,7 @@ mod tests {
     #[test]
     fn bounded_and_expiring() {
         let cache = ReplayCache::new(32);
+        cache.set_live(true);
         let at = |d: Duration| Instant::now() + d;
         for i in 0..1000 {
             cache.put(&format!("k{i}"), None, b"1", at(Duration::from_secs(60)));
@@ -87,5 +125,11 @@ mod tests {
         assert!(cache.get("short").is_none(), "an entry outlived its record");
         cache.put("never", None, b"1", at(Duration::ZERO));
         assert!(cache.get("never").is_none());
+        cache.forget("k999");
+        assert!(cache.get("k999").is_none(), "a forgotten entry is still answered");
+        cache.set_live(false);
+        assert!(cache.get("k998").is_none(), "entries outlived the end of purge following");
+        cache.put("while-not-following", None, b"1", at(Duration::from_secs(60)));
+        assert!(cache.get("while-not-following").is_none());
     }
 }

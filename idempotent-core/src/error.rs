@@ -224,6 +224,7 @@ impl StoreError {
     }
 
     /// The same error with `prefix: ` before its message.
+    #[cfg(feature = "redis")]
     pub(crate) fn prefixed(mut self, prefix: &str) -> Self {
         self.message = format!("{prefix}: {}", self.message);
         self

@@ -26,6 +26,22 @@ pub fn init(idempotency: Idempotency) -> Result<(), Idempotency> {
     GLOBAL.set(idempotency)
 }
 
+/// Sets the global runtime from the environment ([`Idempotency::from_env`]): connects to the
+/// store first, so a store that cannot be reached fails the start-up, not the first request.
+///
+/// ```no_run
+/// # async fn start() -> Result<(), idempotency::Error> {
+/// // IDEMPOTENCY_REDIS_URL=rediss://... IDEMPOTENCY_TOKEN_KEY=... ./service
+/// idempotency::init_from_env().await?;
+/// # Ok(()) }
+/// ```
+#[cfg(feature = "redis")]
+pub async fn init_from_env() -> Result<(), Error> {
+    let idem = Idempotency::from_env().await?;
+    init(idem)
+        .map_err(|_| Error::InvalidCall { key: "init".into(), reason: "the global runtime is already set".into() })
+}
+
 /// The global runtime's handle. Calls through it before [`init`] fail with
 /// [`Error::NotConfigured`]; none panics.
 pub fn global() -> Global {

@@ -68,7 +68,6 @@ pub(crate) fn owner_id() -> OwnerId {
 
 /// When the attempt with owner id `owner` started (unix ms, by the clock of the process that made
 /// it), if `owner` is one of the runtime's owner ids.
-#[allow(dead_code)] // read by the record inspection to come
 pub(crate) fn started_ms(owner: &str) -> Option<u64> {
     if owner.len() != 22 {
         return None;

@@ -53,10 +53,13 @@ pub use codec::MAX_FINGERPRINT_BYTES;
 pub use context::CallContext;
 pub use duration::parse_duration;
 pub use error::{Error, StoreError, StoreErrorKind};
+#[cfg(feature = "redis")]
+pub use global::init_from_env;
 pub use global::{global, init, Global};
 pub use key::KeyBuilder;
 pub use runtime::{
-    Idempotency, IdempotencyBuilder, DEFAULT_KEEP, DEFAULT_MAX_RESULT_BYTES, DEFAULT_MAX_WAITERS_PER_KEY, DEFAULT_TTL,
+    Force, Idempotency, IdempotencyBuilder, ScanFilter, DEFAULT_KEEP, DEFAULT_MAX_RESULT_BYTES,
+    DEFAULT_MAX_WAITERS_PER_KEY, DEFAULT_TTL, RUNTIME_ENV_VARS,
 };
 pub use store::memory::MemoryStore;
 #[cfg(feature = "redis")]

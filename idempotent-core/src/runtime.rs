@@ -17,7 +17,10 @@ use crate::codec::{self, Encoded};
 use crate::context::CallContext;
 use crate::error::{Error, StoreError, StoreErrorKind};
 use crate::ids;
-use crate::store::{AcquireOutcome, AcquireRequest, CommitRequest, Store, Transition, Watcher};
+use crate::store::{
+    AcquireOutcome, AcquireRequest, CommitRequest, Forgotten, Inspected, PurgeEvent, PurgeHandler, RecordState,
+    ScanPage, Store, Transition, Watcher,
+};
 use crate::token::TokenKeys;
 use crate::watchdog::Watchdog;
 
@@ -27,6 +30,17 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 pub const DEFAULT_KEEP: Duration = Duration::from_secs(24 * 3600);
 /// How many calls of one process may wait on one key at a time by default (`OnConflict::Wait`).
 pub const DEFAULT_MAX_WAITERS_PER_KEY: usize = 1000;
+
+/// The environment variables of the runtime's own settings
+/// ([`IdempotencyBuilder::with_vars`], [`Idempotency::from_env`]), with what each sets.
+pub const RUNTIME_ENV_VARS: &[(&str, &str)] = &[
+    ("IDEMPOTENCY_TTL", "the default lease, a duration like 30s"),
+    ("IDEMPOTENCY_KEEP", "how long results are kept by default, like 24h"),
+    ("IDEMPOTENCY_COMMIT_DEADLINE", "how long a caller waits for its result to be stored"),
+    ("IDEMPOTENCY_REPLAY_CACHE", "the replay cache's capacity (0: off)"),
+    ("IDEMPOTENCY_TOKEN_KEY", "the secret that signs tokens (at least 32 bytes), the same on every instance"),
+    ("IDEMPOTENCY_TOKEN_KEY_PREVIOUS", "a previous secret still accepted, while it is rotated out"),
+];
 
 /// The largest result stored for replay by default; a larger one is kept as "completed, not
 /// replayable".
@@ -63,7 +77,7 @@ pub struct Idempotency {
 struct Inner {
     store: Arc<dyn Store>,
     watchdog: Watchdog,
-    cache: Option<ReplayCache>,
+    cache: Option<Arc<ReplayCache>>,
     ttl: Duration,
     keep: Duration,
     max_result_bytes: usize,
@@ -162,13 +176,51 @@ impl IdempotencyBuilder {
     /// up: a record deleted from the store by hand stays replayable from this process's cache
     /// until then.
     pub fn replay_cache(mut self, capacity: usize) -> Self {
-        self.inner.cache = (capacity > 0).then(|| ReplayCache::new(capacity));
+        self.inner.cache = (capacity > 0).then(|| Arc::new(ReplayCache::new(capacity)));
         self
     }
 
-    /// The runtime.
+    /// Applies the runtime settings of the environment variables looked up by `vars` (see
+    /// [`RUNTIME_ENV_VARS`]); a value that does not parse is [`Error::InvalidCall`] naming the
+    /// variable (never showing a token key).
+    pub fn with_vars(mut self, vars: &dyn Fn(&str) -> Option<String>) -> Result<Self, Error> {
+        let bad = |name: &str, why: String| Error::InvalidCall { key: name.to_owned(), reason: why };
+        let duration = |name: &str| -> Result<Option<Duration>, Error> {
+            vars(name).map(|t| crate::parse_duration(t.trim()).map_err(|why| bad(name, why))).transpose()
+        };
+        if let Some(ttl) = duration("IDEMPOTENCY_TTL")? {
+            self = self.default_ttl(ttl);
+        }
+        if let Some(keep) = duration("IDEMPOTENCY_KEEP")? {
+            self = self.default_keep(keep);
+        }
+        if let Some(deadline) = duration("IDEMPOTENCY_COMMIT_DEADLINE")? {
+            self = self.commit_deadline(deadline);
+        }
+        if let Some(n) = vars("IDEMPOTENCY_REPLAY_CACHE") {
+            let n = n.trim().parse::<usize>().map_err(|e| bad("IDEMPOTENCY_REPLAY_CACHE", e.to_string()))?;
+            self = self.replay_cache(n);
+        }
+        if let Some(key) = vars("IDEMPOTENCY_TOKEN_KEY") {
+            let mut keys = TokenKeys::new(key.as_bytes()).map_err(|_| {
+                bad("IDEMPOTENCY_TOKEN_KEY", format!("needs at least {} bytes", crate::MIN_SECRET_BYTES))
+            })?;
+            if let Some(previous) = vars("IDEMPOTENCY_TOKEN_KEY_PREVIOUS") {
+                keys = keys.previous(previous.as_bytes()).map_err(|_| {
+                    bad("IDEMPOTENCY_TOKEN_KEY_PREVIOUS", format!("needs at least {} bytes", crate::MIN_SECRET_BYTES))
+                })?;
+            }
+            self = self.token_keys(keys);
+        }
+        Ok(self)
+    }
+
+    /// The runtime. With a replay cache, it starts following the store's purges here (from a
+    /// task of the current tokio runtime, for a store that must wait).
     pub fn build(self) -> Idempotency {
-        Idempotency { inner: Arc::new(self.inner) }
+        let inner = Arc::new(self.inner);
+        inner.follow_purges();
+        Idempotency { inner }
     }
 }
 
@@ -202,6 +254,19 @@ impl Idempotency {
                 token_skew: Duration::from_secs(300),
             },
         }
+    }
+
+    /// A runtime on a [`RedisStore`](crate::RedisStore) with every setting from the environment
+    /// (the store's `IDEMPOTENCY_REDIS_URL` and [`ENV_VARS`](crate::store::redis::ENV_VARS), the
+    /// runtime's [`RUNTIME_ENV_VARS`]), connected: a store that cannot be reached is an error
+    /// now, at start-up, not at the first request.
+    #[cfg(feature = "redis")]
+    pub async fn from_env() -> Result<Idempotency, Error> {
+        let vars = |name: &str| std::env::var(name).ok();
+        let store_error = |source| Error::Store { key: "IDEMPOTENCY_REDIS_URL".into(), source };
+        let store =
+            crate::RedisStoreBuilder::from_vars(&vars).map_err(store_error)?.connect().await.map_err(store_error)?;
+        Ok(Idempotency::builder(store).with_vars(&vars)?.build())
     }
 
     /// The store.
@@ -263,6 +328,43 @@ impl Idempotency {
                 Err(Error::InvalidToken { key: call.full_key() })
             }
         }
+    }
+
+    /// Reads the record of `key` in `scope` whole, for operators: its state, fence, owner, how
+    /// long it has left, fingerprint, and result (see [`RecordView`](crate::store::RecordView)).
+    /// An empty `scope` reads `key` as a full key.
+    pub async fn inspect(&self, scope: &str, key: &str) -> Result<Inspected, Error> {
+        let key = full_key(scope, key);
+        self.inner.store.inspect(&key).await.map_err(|source| Error::Store { key, source })
+    }
+
+    /// Deletes the record of `key` in `scope` (an empty scope: `key` is a full key): a completed
+    /// one, so that the next call runs the body again (after a bug fix, say), or an in-progress
+    /// one with [`Force::InProgress`], which means a second body may start while the first still
+    /// runs (the first learns its lease is lost at its next renewal). Waiters are woken, and every
+    /// process whose replay cache follows purges drops its copy.
+    pub async fn forget(&self, scope: &str, key: &str, force: Force) -> Result<Forgotten, Error> {
+        let key = full_key(scope, key);
+        let forgotten = self.inner.store.forget(&key, force == Force::InProgress).await;
+        if let (Ok(Forgotten::Deleted(_)), Some(cache)) = (&forgotten, &self.inner.cache) {
+            cache.forget(&key);
+        }
+        forgotten.map_err(|source| Error::Store { key, source })
+    }
+
+    /// One page of the records whose full keys start with `filter.prefix` and pass its filters
+    /// (state, age, fingerprint), from `cursor` (`None`: the first page), about `count` keys
+    /// examined; on Redis a `SCAN` (every primary of a cluster), which never blocks the server.
+    pub async fn scan(&self, filter: &ScanFilter, cursor: Option<&str>, count: usize) -> Result<ScanPage, Error> {
+        let mut page = self
+            .inner
+            .store
+            .scan(&filter.prefix, cursor, count.max(1))
+            .await
+            .map_err(|source| Error::Store { key: filter.prefix.clone(), source })?;
+        let now = std::time::SystemTime::now();
+        page.records.retain(|r| filter.matches(r, now));
+        Ok(page)
     }
 
     /// Runs `body` at most once for `call`'s key (per the call's policies) and returns its
@@ -338,9 +440,9 @@ impl Idempotency {
                 AcquireOutcome::Acquired { fence } => fence,
                 AcquireOutcome::Completed { fingerprint: theirs, result, kept_for } => {
                     check_fingerprint(&key, theirs.as_deref(), fingerprint.as_deref())?;
-                    if let (Some(cache), Some(bytes)) = (&self.inner.cache, &result) {
+                    if let Some(bytes) = &result {
                         // Counted from before the read was sent: never past the record's end.
-                        cache.put(&key, theirs.as_deref(), bytes, sent + kept_for);
+                        self.inner.cache_put(&key, theirs.as_deref(), bytes, sent + kept_for);
                     }
                     return replay(&key, call.on_duplicate, result.as_deref()).map_err(E::from);
                 }
@@ -549,6 +651,41 @@ struct PendingCommit {
 }
 
 impl Inner {
+    /// Caches a completed result (when the cache is on and follows purges).
+    fn cache_put(&self, key: &str, fingerprint: Option<&str>, result: &[u8], until: Instant) {
+        if let Some(cache) = &self.cache {
+            self.follow_purges();
+            cache.put(key, fingerprint, result, until);
+        }
+    }
+
+    /// Starts following the store's purges for the replay cache, once, from a task of the
+    /// current tokio runtime (without one, a later call starts it). Until it follows them the
+    /// cache caches nothing.
+    fn follow_purges(&self) {
+        let Some(cache) = &self.cache else { return };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
+        if !cache.start_following() {
+            return;
+        }
+        let (store, followed) = (self.store.clone(), Arc::downgrade(cache));
+        let handler: PurgeHandler = Arc::new(move |event| {
+            let Some(cache) = followed.upgrade() else { return };
+            match event {
+                PurgeEvent::Forgotten(key) => cache.forget(key),
+                PurgeEvent::Missed => cache.set_live(false),
+                PurgeEvent::Following => cache.set_live(true),
+            }
+        });
+        rt.spawn(async move {
+            match store.follow_purges(handler).await {
+                Ok(true) => {}
+                Ok(false) => tracing::debug!("the store cannot tell purges: the replay cache stays off"),
+                Err(e) => tracing::warn!(error = %e, "cannot follow the store's purges: the replay cache stays off"),
+            }
+        });
+    }
+
     /// What a commit's outcome means for the caller: `Done` fills the replay cache (until `keep`
     /// after the commit was sent: never past the record's end), a lost key or corrupt record is
     /// logged, a store error is returned.
@@ -561,8 +698,8 @@ impl Inner {
         let key = request.key;
         match outcome? {
             Transition::Done => {
-                if let (Some(cache), Some(bytes)) = (&self.cache, request.result) {
-                    cache.put(key, request.fingerprint, bytes, sent + request.keep);
+                if let Some(bytes) = request.result {
+                    self.cache_put(key, request.fingerprint, bytes, sent + request.keep);
                 }
             }
             Transition::Lost => {
@@ -712,6 +849,80 @@ impl Drop for Abandon<'_> {
         if let Some(store) = self.store.take() {
             store.clone().abandon(self.key, self.owner, self.lease);
         }
+    }
+}
+
+/// The full key of `key` in `scope` (`key` alone when `scope` is empty).
+fn full_key(scope: &str, key: &str) -> String {
+    if scope.is_empty() {
+        key.to_owned()
+    } else {
+        format!("{scope}:{key}")
+    }
+}
+
+/// Whether [`Idempotency::forget`] may delete a record in progress.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Force {
+    /// Only a completed record is deleted; an in-progress one is left (`Forgotten::InProgress`).
+    #[default]
+    CompletedOnly,
+    /// An in-progress record is deleted too: a second body may start while the first runs.
+    InProgress,
+}
+
+/// Which records a [`Idempotency::scan`] returns.
+///
+/// ```
+/// use std::time::Duration;
+/// use idempotency::store::RecordState;
+/// use idempotency::ScanFilter;
+///
+/// // Payments stuck in progress for more than ten minutes.
+/// let stuck = ScanFilter::prefix("payments::").state(RecordState::InProgress).older_than(Duration::from_secs(600));
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct ScanFilter {
+    /// The start of the full keys (a scope and `:`, say); empty for every record.
+    pub prefix: String,
+    /// Only records in this state.
+    pub state: Option<RecordState>,
+    /// Only records older than this (see [`RecordView::age`](crate::store::RecordView::age));
+    /// records of unknown age are left out.
+    pub older_than: Option<Duration>,
+    /// Only records with (`true`) or without (`false`) a fingerprint.
+    pub fingerprinted: Option<bool>,
+}
+
+impl ScanFilter {
+    /// Every record whose full key starts with `prefix`.
+    pub fn prefix(prefix: impl Into<String>) -> Self {
+        ScanFilter { prefix: prefix.into(), ..Self::default() }
+    }
+
+    /// Only records in `state`.
+    pub fn state(mut self, state: RecordState) -> Self {
+        self.state = Some(state);
+        self
+    }
+
+    /// Only records older than `age`.
+    pub fn older_than(mut self, age: Duration) -> Self {
+        self.older_than = Some(age);
+        self
+    }
+
+    /// Only records with (`true`) or without (`false`) a fingerprint.
+    pub fn fingerprinted(mut self, present: bool) -> Self {
+        self.fingerprinted = Some(present);
+        self
+    }
+
+    /// Whether `record` passes, at `now`.
+    pub fn matches(&self, record: &crate::store::RecordView, now: std::time::SystemTime) -> bool {
+        self.state.is_none_or(|s| record.state == s)
+            && self.fingerprinted.is_none_or(|f| record.fingerprint.is_some() == f)
+            && self.older_than.is_none_or(|min| record.age(now).is_some_and(|age| age > min))
     }
 }
 

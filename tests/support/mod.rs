@@ -526,6 +526,11 @@ impl Fixture {
         }
     }
 
+    /// The `RedisStore` of client `i` (not on `Backend::Memory`).
+    pub fn redis_store(&self, i: usize) -> &RedisStore {
+        &self.redis[i % self.redis.len()]
+    }
+
     /// A runtime on client `i`. Every runtime of the tests shares one token key, as every
     /// instance of a service would.
     pub fn idem(&self, i: usize) -> Idempotency {

@@ -57,11 +57,13 @@ impl<S: Clone + Default + Send + Sync + 'static> Channels<S> {
     }
 
     /// Wakes every watcher (changes may have been missed).
+    #[cfg(feature = "redis")]
     pub(crate) fn notify_all(&self) {
         self.lock().values().for_each(|ch| ch.tx.send_modify(|n| *n += 1));
     }
 
     /// Whether `key` has a channel (a watcher).
+    #[cfg(any(feature = "redis", test))]
     pub(crate) fn contains(&self, key: &str) -> bool {
         self.lock().contains_key(key)
     }

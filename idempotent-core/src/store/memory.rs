@@ -10,7 +10,10 @@ use tokio::time::Instant;
 
 use super::channels::Channels;
 use super::expiry::Expiries;
-use super::{AcquireOutcome, AcquireRequest, CommitRequest, Lease, Store, StoreFuture, Transition, Watcher};
+use super::{
+    AcquireOutcome, AcquireRequest, CommitRequest, Forgotten, Inspected, Lease, PurgeEvent, PurgeHandler, RecordState,
+    RecordView, ScanPage, Store, StoreFuture, Transition, Watcher,
+};
 use crate::error::StoreError;
 
 /// How many expired records a write removes at most, besides its own key.
@@ -43,6 +46,8 @@ const SWEEP_FLOOR: usize = 1024;
 pub struct MemoryStore {
     state: Mutex<State>,
     watchers: Channels,
+    /// The replay caches following this store's purges.
+    purges: Mutex<Vec<PurgeHandler>>,
 }
 
 #[derive(Default)]
@@ -82,6 +87,8 @@ struct Record {
     fence: u64,
     /// Completed: the result, `None` when not replayable.
     result: Option<Box<[u8]>>,
+    /// Completed: when the result was stored (unix ms), for operators.
+    stored_ms: u64,
     /// When the record disappears: the lease's end while in progress, `keep` after the commit.
     expires_at: Instant,
     /// A caller waits for this key to change.
@@ -107,12 +114,50 @@ impl Short {
         }
     }
 
+    fn as_str(&self) -> &str {
+        match self {
+            // Only ever built from a `&str` (see `new`): the inline bytes are UTF-8.
+            Short::Inline(len, bytes) => std::str::from_utf8(&bytes[..usize::from(*len)]).unwrap_or(""),
+            Short::Long(long) => long,
+        }
+    }
+
     fn is(&self, text: &str) -> bool {
         match self {
             Short::Inline(len, bytes) => &bytes[..usize::from(*len)] == text.as_bytes(),
             Short::Long(long) => **long == *text,
         }
     }
+}
+
+fn state_of(record: &Record) -> RecordState {
+    match record.phase {
+        Phase::InProgress => RecordState::InProgress,
+        Phase::Completed => RecordState::Completed,
+    }
+}
+
+/// A record as operators see it.
+fn view(key: &str, record: &Record, now: Instant) -> RecordView {
+    let state = state_of(record);
+    let owner = record.owner.as_ref().map(|o| o.as_str().to_owned());
+    RecordView {
+        key: key.to_owned(),
+        state,
+        fence: Some(record.fence),
+        started_ms: owner.as_deref().and_then(crate::ids::started_ms),
+        owner,
+        stored_ms: (state == RecordState::Completed).then_some(record.stored_ms),
+        ttl: Some(record.expires_at.saturating_duration_since(now)),
+        fingerprint: record.fingerprint.as_deref().map(str::to_owned),
+        watched: record.watched,
+        replayable: record.result.is_some(),
+        result: record.result.as_deref().map(<[u8]>::to_vec),
+    }
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Whether `record` is held in progress by `owner`.
@@ -168,6 +213,7 @@ impl MemoryStore {
                     fingerprint: req.fingerprint.map(Box::from),
                     fence,
                     result: None,
+                    stored_ms: 0,
                     expires_at: now + req.lease,
                     watched: false,
                 },
@@ -225,6 +271,7 @@ impl MemoryStore {
                 fingerprint: req.fingerprint.map(Box::from),
                 fence: req.fence,
                 result: req.result.map(Box::from),
+                stored_ms: unix_ms(),
                 expires_at: now + req.keep,
                 watched: false,
             };
@@ -281,6 +328,54 @@ impl MemoryStore {
             self.watchers.notify(key);
         }
         Transition::Done
+    }
+
+    fn inspect_now(&self, key: &str) -> Inspected {
+        let now = Instant::now();
+        let mut st = self.lock();
+        let hash = st.records.hash(key);
+        match st.records.live(hash, key, now) {
+            Some(entry) => Inspected::Record(view(key, &entry.record, now)),
+            None => Inspected::Absent,
+        }
+    }
+
+    fn forget_now(&self, key: &str, force: bool) -> Forgotten {
+        let now = Instant::now();
+        let (state, watched) = {
+            let mut st = self.lock();
+            let hash = st.records.hash(key);
+            let Some(entry) = st.records.live(hash, key, now) else { return Forgotten::Absent };
+            let state = state_of(&entry.record);
+            if state == RecordState::InProgress && !force {
+                return Forgotten::InProgress;
+            }
+            let watched = entry.record.watched;
+            st.records.remove(hash, key);
+            (state, watched)
+        };
+        if watched {
+            self.watchers.notify(key);
+        }
+        for handler in self.purges.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            handler(PurgeEvent::Forgotten(key));
+        }
+        Forgotten::Deleted(state)
+    }
+
+    fn scan_now(&self, prefix: &str) -> ScanPage {
+        let now = Instant::now();
+        let st = self.lock();
+        let mut page = ScanPage::default();
+        for entry in st.records.table.iter() {
+            page.examined += 1;
+            let key = entry.key.as_str();
+            if entry.record.expires_at > now && key.starts_with(prefix) {
+                page.records.push(view(key, &entry.record, now));
+            }
+        }
+        page.records.sort_by(|a, b| a.key.cmp(&b.key));
+        page
     }
 
     fn watch_now(&self, key: &str) -> Watcher {
@@ -369,6 +464,30 @@ impl Store for MemoryStore {
 
     fn watch<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Result<Watcher, StoreError>> {
         StoreFuture::ready(Ok(self.watch_now(key)))
+    }
+
+    fn inspect<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Result<Inspected, StoreError>> {
+        StoreFuture::ready(Ok(self.inspect_now(key)))
+    }
+
+    fn forget<'a>(&'a self, key: &'a str, force: bool) -> StoreFuture<'a, Result<Forgotten, StoreError>> {
+        StoreFuture::ready(Ok(self.forget_now(key, force)))
+    }
+
+    /// The whole store in one page (it lives in this process's memory).
+    fn scan<'a>(
+        &'a self,
+        prefix: &'a str,
+        _cursor: Option<&'a str>,
+        _count: usize,
+    ) -> StoreFuture<'a, Result<ScanPage, StoreError>> {
+        StoreFuture::ready(Ok(self.scan_now(prefix)))
+    }
+
+    fn follow_purges(&self, handler: PurgeHandler) -> StoreFuture<'_, Result<bool, StoreError>> {
+        handler(PurgeEvent::Following);
+        self.purges.lock().unwrap_or_else(|p| p.into_inner()).push(handler);
+        StoreFuture::ready(Ok(true))
     }
 }
 

@@ -29,8 +29,29 @@ mod future;
 pub mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
+mod view;
 
 pub use future::{BoxFuture, StoreFuture};
+pub use view::{Forgotten, Inspected, RecordState, RecordView, ScanPage};
+
+/// What [`Store::follow_purges`] reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PurgeEvent<'a> {
+    /// The record of this full key was forgotten (by any process): a cached copy must go.
+    Forgotten(&'a str),
+    /// Purges may have been missed (the connection that carries them dropped): drop every cached
+    /// copy, and cache nothing until [`PurgeEvent::Following`].
+    Missed,
+    /// Purges are followed (again): caching may resume.
+    Following,
+}
+
+/// Receives [`PurgeEvent`]s; see [`Store::follow_purges`].
+pub type PurgeHandler = Arc<dyn Fn(PurgeEvent<'_>) + Send + Sync>;
+
+fn unsupported<T>(what: &str) -> Result<T, StoreError> {
+    Err(StoreError::new(crate::error::StoreErrorKind::Backend, format!("this store cannot {what}")))
+}
 
 /// What [`Store::acquire`] is asked.
 #[derive(Debug, Clone, Copy)]
@@ -186,6 +207,44 @@ pub trait Store: Send + Sync + 'static {
                 }
             });
         }
+    }
+
+    /// Reads `key`'s record whole, for operators (`Idempotency::inspect`, the CLI). The default
+    /// says the store cannot.
+    fn inspect<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Result<Inspected, StoreError>> {
+        let _ = key;
+        StoreFuture::ready(unsupported("inspect records"))
+    }
+
+    /// Deletes `key`'s record for an operator: a completed one, or an in-progress one when
+    /// `force` is set (a second body may then start while the first runs). Wakes the key's
+    /// waiters, and tells every process following purges ([`follow_purges`](Self::follow_purges))
+    /// to drop its cached copy. The default says the store cannot.
+    fn forget<'a>(&'a self, key: &'a str, force: bool) -> StoreFuture<'a, Result<Forgotten, StoreError>> {
+        let _ = (key, force);
+        StoreFuture::ready(unsupported("forget records"))
+    }
+
+    /// One page of the records whose full keys start with `prefix`, from `cursor` (`None`: the
+    /// first page), about `count` keys examined; without blocking the store (Redis: `SCAN`, on
+    /// every primary of a cluster). The default says the store cannot.
+    fn scan<'a>(
+        &'a self,
+        prefix: &'a str,
+        cursor: Option<&'a str>,
+        count: usize,
+    ) -> StoreFuture<'a, Result<ScanPage, StoreError>> {
+        let _ = (prefix, cursor, count);
+        StoreFuture::ready(unsupported("scan records"))
+    }
+
+    /// Calls `handler` with every key forgotten from now on, by any process, and when purges may
+    /// have been missed or are followed again; `Ok(true)` once purges are followed, `Ok(false)`
+    /// when the store cannot tell (the default). A replay cache follows them: it caches only
+    /// while purges are followed.
+    fn follow_purges(&self, handler: PurgeHandler) -> StoreFuture<'_, Result<bool, StoreError>> {
+        let _ = handler;
+        StoreFuture::ready(Ok(false))
     }
 
     /// The bound on one call of this store (a network round trip and the server's work), when

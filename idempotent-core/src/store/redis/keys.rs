@@ -21,6 +21,39 @@ pub(crate) fn record_key(prefix: &str, key: &str) -> String {
     out
 }
 
+/// The full key of the record at `record_key` under `prefix`, if it is one of the store's keys.
+pub(crate) fn full_key_of<'a>(prefix: &str, record_key: &'a str) -> Option<&'a str> {
+    let rest = record_key.strip_prefix(prefix)?.strip_prefix(":{")?;
+    let tag = rest.get(..8)?;
+    if !tag.bytes().all(|c| c.is_ascii_hexdigit()) {
+        return None;
+    }
+    rest.get(8..)?.strip_prefix("}:")
+}
+
+/// The `SCAN MATCH` pattern of the records under `prefix` whose full keys start with
+/// `key_prefix` (glob characters in either are escaped).
+pub(crate) fn scan_pattern(prefix: &str, key_prefix: &str) -> String {
+    format!("{}:{{*}}:{}*", glob_escaped(prefix), glob_escaped(key_prefix))
+}
+
+fn glob_escaped(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The channel that carries purges (keys forgotten) to every process's replay cache. Not a
+/// record key: those have a hash tag after the prefix.
+pub(crate) fn purge_channel(prefix: &str) -> String {
+    format!("{prefix}:purged")
+}
+
 /// Why `prefix` cannot be a key prefix, if it cannot.
 pub(crate) fn check_prefix(prefix: &str) -> Result<(), String> {
     if prefix.is_empty() {
@@ -45,6 +78,15 @@ mod tests {
         assert!(tag.bytes().all(|c| c.is_ascii_hexdigit()));
         assert!(k.ends_with(":pay:{user}:}{"));
         assert_eq!(record_key("p", "k"), format!("p:{{{:08x}}}:k", fnv1a(b"k")));
+    }
+
+    #[test]
+    fn record_keys_read_back_and_scan_patterns_escape() {
+        let rk = record_key("idem", "orders:{7}:*");
+        assert_eq!(full_key_of("idem", &rk), Some("orders:{7}:*"));
+        assert_eq!(full_key_of("idem", "idem:purged"), None);
+        assert_eq!(full_key_of("other", &rk), None);
+        assert_eq!(scan_pattern("idem", "a*b?"), "idem:{*}:a\\*b\\?*");
     }
 
     #[test]

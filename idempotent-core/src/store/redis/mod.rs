@@ -16,7 +16,10 @@ use fred::prelude::*;
 use fred::types::{CustomCommand, Expiration, SetOptions};
 use tokio::sync::OnceCell;
 
-use super::{AcquireOutcome, AcquireRequest, CommitRequest, Lease, Store, StoreFuture, Transition, Watcher};
+use super::{
+    AcquireOutcome, AcquireRequest, CommitRequest, Forgotten, Inspected, Lease, PurgeHandler, ScanPage, Store,
+    StoreFuture, Transition, Watcher,
+};
 use crate::error::{StoreError, StoreErrorKind};
 
 mod keys;
@@ -146,6 +149,12 @@ impl RedisStore {
         };
         builder.url = Some(url.to_owned());
         builder
+    }
+
+    /// Connects with the settings of the environment (see
+    /// [`RedisStoreBuilder::from_env`]).
+    pub async fn from_env() -> Result<RedisStore, StoreError> {
+        RedisStoreBuilder::from_env()?.connect().await
     }
 
     /// A builder for a store on a fred [`Config`] (for settings a URL cannot carry). Its TLS
@@ -427,20 +436,258 @@ impl RedisStore {
         });
     }
 
-    async fn watch_inner(&self, key: &str) -> Result<Watcher, StoreError> {
-        let subs = self
-            .inner
+    /// The store's pub/sub connection, started on first use.
+    async fn subscriptions(&self) -> Result<&watch::Subscriptions, StoreError> {
+        self.inner
             .subscriptions
             .get_or_try_init(|| async {
                 let client = self.inner.builder.build_subscriber_client().map_err(|e| store_error("subscribe", e))?;
-                self.bounded("subscribe", watch::Subscriptions::start(client)).await
+                let channel = keys::purge_channel(&self.inner.prefix);
+                self.bounded("subscribe", watch::Subscriptions::start(client, channel)).await
             })
-            .await?;
+            .await
+    }
+
+    async fn watch_inner(&self, key: &str) -> Result<Watcher, StoreError> {
+        let subs = self.subscriptions().await?;
         within("subscribe", self.inner.timeout, subs.watch(&self.record_key(key))).await
+    }
+
+    async fn follow_purges_inner(&self, handler: PurgeHandler) -> Result<bool, StoreError> {
+        let subs = self.subscriptions().await?;
+        within("subscribe", self.inner.timeout, subs.follow_purges(handler)).await?;
+        Ok(true)
+    }
+
+    /// GET and PTTL of a record key, sent at once; `None` for a value that is not a string (its
+    /// type named).
+    async fn read(
+        &self,
+        client: &Client,
+        record_key: &str,
+    ) -> Result<(Result<Option<Vec<u8>>, String>, i64), StoreError> {
+        let get = Box::pin(client.get::<Option<Vec<u8>>, _>(record_key));
+        let ttl = Box::pin(client.pttl::<i64, _>(record_key));
+        let (got, ttl) = tokio::join!(get, ttl);
+        let ttl = ttl.map_err(|e| store_error("inspect", e))?;
+        let got = match got {
+            Ok(bytes) => Ok(bytes),
+            Err(e) if e.details().starts_with("WRONGTYPE") => {
+                let kind: String = Box::pin(client.r#type(record_key)).await.map_err(|e| store_error("inspect", e))?;
+                Err(format!("holds a Redis {kind}, not an idempotency record"))
+            }
+            Err(e) => return Err(store_error("inspect", e)),
+        };
+        Ok((got, ttl))
+    }
+
+    async fn inspect_inner(&self, key: &str) -> Result<Inspected, StoreError> {
+        let record_key = self.record_key(key);
+        let (got, ttl) = within("inspect", self.inner.timeout, self.read(self.client_for(key), &record_key)).await?;
+        Ok(match got {
+            Ok(None) => Inspected::Absent,
+            Ok(Some(bytes)) => match record::view(key, &bytes, Some(ttl)) {
+                Ok(view) => Inspected::Record(view),
+                Err(reason) => Inspected::Foreign { reason: reason.to_owned() },
+            },
+            Err(reason) => Inspected::Foreign { reason },
+        })
+    }
+
+    async fn forget_inner(&self, key: &str, force: bool) -> Result<Forgotten, StoreError> {
+        let channel = keys::purge_channel(&self.inner.prefix);
+        let args = || vec![if force { "1" } else { "0" }.into(), channel.as_str().into(), key.into()];
+        replies::forgotten(self.script("forget", &scripts::FORGET, key, args).await?)
+    }
+
+    /// A page of `SCAN` on one node (every primary of a cluster in turn: the cursor is the
+    /// node's place in the list and its own cursor), with each key's record read.
+    async fn scan_inner(&self, prefix: &str, cursor: Option<&str>, count: usize) -> Result<ScanPage, StoreError> {
+        let client = self.inner.pool.next();
+        let nodes: Vec<Option<fred::types::config::Server>> = if self.inner.clustered {
+            let mut primaries =
+                client.cached_cluster_state().map(|state| state.unique_primary_nodes()).ok_or_else(|| {
+                    StoreError::new(StoreErrorKind::Unavailable, "scan: the cluster's slot map is not known yet")
+                })?;
+            primaries.sort_by(|a, b| (&a.host, a.port).cmp(&(&b.host, b.port)));
+            primaries.into_iter().map(Some).collect()
+        } else {
+            vec![None]
+        };
+        let (node, node_cursor) = match cursor {
+            None => (0, "0".to_owned()),
+            Some(c) => {
+                let (node, rest) =
+                    c.split_once(':').and_then(|(n, rest)| Some((n.parse::<usize>().ok()?, rest))).ok_or_else(
+                        || StoreError::new(StoreErrorKind::Config, format!("scan: {c:?} is not a scan cursor")),
+                    )?;
+                (node, rest.to_owned())
+            }
+        };
+        let Some(server) = nodes.get(node) else { return Ok(ScanPage::default()) };
+        let pattern = keys::scan_pattern(&self.inner.prefix, prefix);
+        let count = u32::try_from(count).unwrap_or(u32::MAX);
+        let reply: Value = match server {
+            Some(server) => {
+                let on_node = client.with_cluster_node(server.clone());
+                within("scan", self.inner.timeout, async {
+                    Box::pin(on_node.scan_page::<Value, _, _>(node_cursor, pattern, Some(count), None))
+                        .await
+                        .map_err(|e| store_error("scan", e))
+                })
+                .await?
+            }
+            None => {
+                self.bounded("scan", Box::pin(client.scan_page::<Value, _, _>(node_cursor, pattern, Some(count), None)))
+                    .await?
+            }
+        };
+        let (next_cursor, record_keys) = replies::scan_page(reply)?;
+        let mut page = ScanPage { examined: record_keys.len(), ..ScanPage::default() };
+        let reads = record_keys.iter().map(|rk| async move {
+            let got = within("scan", self.inner.timeout, self.read(client, rk)).await;
+            (rk, got)
+        });
+        for (record_key, got) in join_all(reads).await {
+            let Some(key) = keys::full_key_of(&self.inner.prefix, record_key) else { continue };
+            match got? {
+                // Gone between the SCAN and the GET.
+                (Ok(None), _) => {}
+                (Ok(Some(bytes)), ttl) => match record::view(key, &bytes, Some(ttl)) {
+                    Ok(view) => page.records.push(view),
+                    Err(reason) => page.foreign.push((key.to_owned(), reason.to_owned())),
+                },
+                (Err(reason), _) => page.foreign.push((key.to_owned(), reason)),
+            }
+        }
+        page.next = if next_cursor != "0" {
+            Some(format!("{node}:{next_cursor}"))
+        } else if node + 1 < nodes.len() {
+            Some(format!("{}:0", node + 1))
+        } else {
+            None
+        };
+        Ok(page)
+    }
+}
+
+/// The environment variables [`RedisStoreBuilder::from_env`] reads, with what each sets.
+pub const ENV_VARS: &[(&str, &str)] = &[
+    (
+        "IDEMPOTENCY_REDIS_URL",
+        "the store's URL (required): redis://, rediss://, redis-cluster://, redis-sentinel://...",
+    ),
+    ("IDEMPOTENCY_PREFIX", "the key prefix (default idem)"),
+    ("IDEMPOTENCY_TIMEOUT", "the bound on every store call, a duration like 2s (default 2s)"),
+    ("IDEMPOTENCY_CONNECT_TIMEOUT", "the bound on connecting (default 5s)"),
+    ("IDEMPOTENCY_POOL_SIZE", "connections to spread commands over (default 1)"),
+    (
+        "IDEMPOTENCY_REPLICA_ACKS",
+        "replicas that must acknowledge acquires and commits, as N or N/timeout (500ms by default)",
+    ),
+    ("IDEMPOTENCY_TLS_CA_FILE", "a PEM file of CAs to trust for rediss:// instead of the system's"),
+    ("IDEMPOTENCY_TLS_CLIENT_CERT_FILE", "a PEM client certificate chain for TLS (with the key below)"),
+    ("IDEMPOTENCY_TLS_CLIENT_KEY_FILE", "its PEM private key"),
+];
+
+/// The value of variable `name`, parsed by `parse`; a bad value is a `Config` error naming it.
+fn env_parsed<T>(
+    vars: &dyn Fn(&str) -> Option<String>,
+    name: &str,
+    parse: impl FnOnce(&str) -> Result<T, String>,
+) -> Result<Option<T>, StoreError> {
+    match vars(name) {
+        None => Ok(None),
+        Some(text) => parse(text.trim())
+            .map(Some)
+            .map_err(|why| StoreError::new(StoreErrorKind::Config, format!("{name}: {why}"))),
     }
 }
 
 impl RedisStoreBuilder {
+    /// A builder with the settings of the process's environment: `IDEMPOTENCY_REDIS_URL` (required)
+    /// and the optional variables of [`ENV_VARS`]. A missing URL or a value that does not parse
+    /// is a `Config` error naming the variable.
+    pub fn from_env() -> Result<RedisStoreBuilder, StoreError> {
+        Self::from_vars(&|name| std::env::var(name).ok())
+    }
+
+    /// Like [`from_env`](Self::from_env), with the variables looked up by `vars` (a
+    /// configuration system, a test).
+    ///
+    /// ```
+    /// use idempotency::RedisStoreBuilder;
+    ///
+    /// let vars = |name: &str| match name {
+    ///     "IDEMPOTENCY_REDIS_URL" => Some("redis://127.0.0.1:6379".to_owned()),
+    ///     "IDEMPOTENCY_TIMEOUT" => Some("500ms".to_owned()),
+    ///     _ => None,
+    /// };
+    /// let builder = RedisStoreBuilder::from_vars(&vars).unwrap();
+    /// assert!(RedisStoreBuilder::from_vars(&|_: &str| None).is_err()); // no URL
+    /// ```
+    pub fn from_vars(vars: &dyn Fn(&str) -> Option<String>) -> Result<RedisStoreBuilder, StoreError> {
+        let url = vars("IDEMPOTENCY_REDIS_URL").ok_or_else(|| {
+            StoreError::new(StoreErrorKind::Config, "IDEMPOTENCY_REDIS_URL is not set: it names the Redis to use")
+        })?;
+        let duration = |t: &str| crate::parse_duration(t);
+        let mut builder = RedisStore::builder(url.trim());
+        if let Some(prefix) = vars("IDEMPOTENCY_PREFIX") {
+            builder = builder.prefix(prefix.trim());
+        }
+        if let Some(t) = env_parsed(vars, "IDEMPOTENCY_TIMEOUT", duration)? {
+            builder = builder.timeout(t);
+        }
+        if let Some(t) = env_parsed(vars, "IDEMPOTENCY_CONNECT_TIMEOUT", duration)? {
+            builder = builder.connect_timeout(t);
+        }
+        if let Some(n) = env_parsed(vars, "IDEMPOTENCY_POOL_SIZE", |t| t.parse::<usize>().map_err(|e| e.to_string()))? {
+            builder = builder.pool_size(n);
+        }
+        let acks = env_parsed(vars, "IDEMPOTENCY_REPLICA_ACKS", |t| {
+            let (n, timeout) = t.split_once('/').unwrap_or((t, "500ms"));
+            Ok((n.trim().parse::<u32>().map_err(|e| e.to_string())?, duration(timeout.trim())?))
+        })?;
+        if let Some((n, timeout)) = acks {
+            builder = builder.replica_acks(n, timeout);
+        }
+        let file = |name: &str| vars(name).map(|p| (name.to_owned(), p));
+        let tls_files = [
+            file("IDEMPOTENCY_TLS_CA_FILE"),
+            file("IDEMPOTENCY_TLS_CLIENT_CERT_FILE"),
+            file("IDEMPOTENCY_TLS_CLIENT_KEY_FILE"),
+        ];
+        #[cfg(feature = "tls")]
+        {
+            let read = |(name, path): &(String, String)| {
+                std::fs::read(path.trim())
+                    .map_err(|e| StoreError::new(StoreErrorKind::Config, format!("{name}: cannot read {path}: {e}")))
+            };
+            let [ca, cert, key] = tls_files;
+            if let Some(ca) = &ca {
+                builder = builder.tls_ca_pem(read(ca)?);
+            }
+            match (&cert, &key) {
+                (Some(cert), Some(key)) => builder = builder.tls_client_cert_pem(read(cert)?, read(key)?),
+                (None, None) => {}
+                _ => {
+                    return Err(StoreError::new(
+                        StoreErrorKind::Config,
+                        "IDEMPOTENCY_TLS_CLIENT_CERT_FILE and IDEMPOTENCY_TLS_CLIENT_KEY_FILE go together",
+                    ))
+                }
+            }
+        }
+        #[cfg(not(feature = "tls"))]
+        if let Some((name, _)) = tls_files.into_iter().flatten().next() {
+            return Err(StoreError::new(
+                StoreErrorKind::Config,
+                format!("{name} is set, and this build has no TLS (feature `tls`)"),
+            ));
+        }
+        Ok(builder)
+    }
+
     /// The prefix of every key the store writes (default `idem`); it may not contain braces.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
@@ -773,6 +1020,27 @@ impl Store for RedisStore {
 
     fn abandon(self: Arc<Self>, key: &str, owner: &str, lease: Duration) {
         self.release_in_background(key, owner, lease);
+    }
+
+    fn inspect<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Result<Inspected, StoreError>> {
+        StoreFuture::new(self.inspect_inner(key))
+    }
+
+    fn forget<'a>(&'a self, key: &'a str, force: bool) -> StoreFuture<'a, Result<Forgotten, StoreError>> {
+        StoreFuture::new(self.forget_inner(key, force))
+    }
+
+    fn scan<'a>(
+        &'a self,
+        prefix: &'a str,
+        cursor: Option<&'a str>,
+        count: usize,
+    ) -> StoreFuture<'a, Result<ScanPage, StoreError>> {
+        StoreFuture::new(self.scan_inner(prefix, cursor, count))
+    }
+
+    fn follow_purges(&self, handler: PurgeHandler) -> StoreFuture<'_, Result<bool, StoreError>> {
+        StoreFuture::new(self.follow_purges_inner(handler))
     }
 
     fn call_timeout(&self) -> Option<Duration> {

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use crate::store::AcquireOutcome;
+use crate::store::{AcquireOutcome, RecordState, RecordView};
 
 /// The IN_PROGRESS record a parameter-mode acquire writes: `P|0|owner|fingerprint|||`. Its
 /// fencing token is not in it (`0`): the server's `TIME`, read right after this record was
@@ -79,6 +79,26 @@ fn text(field: &[u8]) -> Option<String> {
 /// A `PTTL` reply as a duration (zero for no key, or no expiry: -2, -1).
 pub(crate) fn ttl(pttl: Option<i64>) -> Duration {
     Duration::from_millis(pttl.unwrap_or(0).max(0) as u64)
+}
+
+/// A record as operators see it: `key` is its full key, `pttl` its key's `PTTL`.
+pub(crate) fn view(key: &str, bytes: &[u8], pttl: Option<i64>) -> Result<RecordView, &'static str> {
+    let rec = parse(bytes)?;
+    let state = if rec.state == b'P' { RecordState::InProgress } else { RecordState::Completed };
+    let owner = text(rec.owner);
+    Ok(RecordView {
+        key: key.to_owned(),
+        state,
+        fence: (rec.fence != 0).then_some(rec.fence),
+        started_ms: owner.as_deref().and_then(crate::ids::started_ms),
+        owner,
+        stored_ms: rec.stored_ms,
+        ttl: pttl.filter(|t| *t >= 0).map(|t| Duration::from_millis(t as u64)),
+        fingerprint: text(rec.fingerprint),
+        watched: rec.watched,
+        replayable: state == RecordState::Completed && !rec.result.is_empty(),
+        result: (!rec.result.is_empty()).then(|| rec.result.to_vec()),
+    })
 }
 
 /// What a parameter-mode acquire that did not take the key found there, as `acquire.lua`

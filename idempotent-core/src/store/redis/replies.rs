@@ -5,7 +5,7 @@ use std::time::Duration;
 use fred::prelude::Value;
 
 use crate::error::StoreError;
-use crate::store::{AcquireOutcome, Transition};
+use crate::store::{AcquireOutcome, Forgotten, RecordState, Transition};
 
 fn text(v: &Value) -> Option<String> {
     match v {
@@ -89,4 +89,31 @@ pub(crate) fn renewed(reply: Value, expected: usize) -> Result<Vec<bool>, StoreE
         Some(flags) if flags.len() == expected => Ok(flags),
         _ => Err(StoreError::reply("renew", format_args!("unexpected reply {items:?}"))),
     }
+}
+
+pub(crate) fn forgotten(reply: Value) -> Result<Forgotten, StoreError> {
+    let items = array("forget", reply)?;
+    let bad = || StoreError::reply("forget", format_args!("unexpected reply {items:?}"));
+    Ok(match text(&items[0]).as_deref() {
+        Some("deleted") => match items.get(1).and_then(text).as_deref() {
+            Some("P") => Forgotten::Deleted(RecordState::InProgress),
+            Some("C") => Forgotten::Deleted(RecordState::Completed),
+            _ => return Err(bad()),
+        },
+        Some("absent") => Forgotten::Absent,
+        Some("in_progress") => Forgotten::InProgress,
+        Some("corrupt") => Forgotten::Foreign { reason: items.get(1).and_then(text).unwrap_or_default() },
+        _ => return Err(bad()),
+    })
+}
+
+/// A `SCAN` page: the next cursor and the keys.
+pub(crate) fn scan_page(reply: Value) -> Result<(String, Vec<String>), StoreError> {
+    let bad = |reply: &Value| StoreError::reply("scan", format_args!("unexpected reply {reply:?}"));
+    let Value::Array(items) = &reply else { return Err(bad(&reply)) };
+    let (Some(cursor), Some(Value::Array(keys))) = (items.first().and_then(text), items.get(1)) else {
+        return Err(bad(&reply));
+    };
+    // Keys that are not UTF-8 are not ours (ours are built from `&str`): skipped.
+    Ok((cursor, keys.iter().filter_map(text).collect()))
 }

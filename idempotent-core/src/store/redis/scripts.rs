@@ -30,8 +30,10 @@ pub(crate) static ACQUIRE: Lazy<Script> = lua!("acquire.lua");
 pub(crate) static RENEW: Lazy<Script> = lua!("renew.lua");
 pub(crate) static COMMIT: Lazy<Script> = lua!("commit.lua");
 pub(crate) static RELEASE: Lazy<Script> = lua!("release.lua");
+pub(crate) static FORGET: Lazy<Script> = lua!("forget.lua");
 
-/// Every script, for loading them all at once.
+/// The scripts of every call's path, loaded when the store connects (`forget`, an operator's,
+/// is loaded on first use).
 pub(crate) fn all() -> [&'static Script; 4] {
     [&ACQUIRE, &RENEW, &COMMIT, &RELEASE]
 }

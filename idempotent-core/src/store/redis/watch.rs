@@ -1,8 +1,9 @@
-//! Change notifications for waiting callers: one pub/sub connection per store, subscribed to the
-//! channels (named like the records) that callers in this process wait on, routing each message
-//! to the waiters of its channel.
+//! Change notifications for waiting callers, and purges for replay caches: one pub/sub
+//! connection per store, subscribed to the channels (named like the records) that callers in this
+//! process wait on, routing each message to the waiters of its channel; and, once a replay cache
+//! follows purges, to the store's purge channel, whose messages name the keys forgotten.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use fred::clients::SubscriberClient;
 use fred::prelude::*;
@@ -11,30 +12,60 @@ use tokio::task::JoinHandle;
 
 use crate::error::StoreError;
 use crate::store::channels::Channels;
-use crate::store::Watcher;
+use crate::store::{PurgeEvent, PurgeHandler, Watcher};
 
 /// Each channel's state: set once the server confirmed the subscription.
 type Subscribed = Arc<OnceCell<()>>;
 
+/// The replay caches following purges, and the channel that carries them.
+struct Purges {
+    channel: String,
+    handlers: Mutex<Vec<PurgeHandler>>,
+    /// The purge channel is subscribed (and re-subscribed after each reconnection).
+    followed: OnceCell<()>,
+}
+
+impl Purges {
+    fn tell(&self, event: PurgeEvent<'_>) {
+        for handler in self.handlers.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            handler(event);
+        }
+    }
+}
+
 pub(crate) struct Subscriptions {
     client: SubscriberClient,
     channels: Channels<Subscribed>,
+    purges: Arc<Purges>,
     tasks: Vec<JoinHandle<()>>,
 }
 
 impl Subscriptions {
-    /// Connects the subscriber and starts routing its messages.
-    pub(crate) async fn start(client: SubscriberClient) -> Result<Self, Error> {
+    /// Connects the subscriber and starts routing its messages; `purge_channel` carries purges.
+    pub(crate) async fn start(client: SubscriberClient, purge_channel: String) -> Result<Self, Error> {
         let mut messages = client.message_rx();
+        let mut errors = client.error_rx();
+        let mut reconnects = client.reconnect_rx();
         client.init().await?;
         let channels: Channels<Subscribed> = Channels::default();
-        let routed = channels.clone();
+        let purges = Arc::new(Purges { channel: purge_channel, handlers: Mutex::default(), followed: OnceCell::new() });
+        let (routed, purged) = (channels.clone(), purges.clone());
         let router = tokio::spawn(async move {
             loop {
                 match messages.recv().await {
+                    Ok(message) if *message.channel == *purged.channel => {
+                        if let Some(key) = message.value.as_str() {
+                            purged.tell(PurgeEvent::Forgotten(&key));
+                        }
+                    }
                     Ok(message) => routed.notify(&message.channel),
-                    // Messages were missed: wake every waiter; each re-reads its key.
-                    Err(RecvError::Lagged(_)) => routed.notify_all(),
+                    // Messages were missed: wake every waiter (each re-reads its key), and drop
+                    // every cached copy.
+                    Err(RecvError::Lagged(_)) => {
+                        routed.notify_all();
+                        purged.tell(PurgeEvent::Missed);
+                        purged.tell(PurgeEvent::Following);
+                    }
                     Err(RecvError::Closed) => break,
                 }
             }
@@ -44,7 +75,40 @@ impl Subscriptions {
         let resubscribe = tokio::spawn(async move {
             let _ = resubscriber.await;
         });
-        Ok(Subscriptions { client, channels, tasks: vec![router, resubscribe] })
+        // While the connection is down purges are missed: caches drop everything and cache
+        // nothing until the purge channel is subscribed again.
+        let (purged, subscriber) = (purges.clone(), client.clone());
+        let follower = tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    event = errors.recv() => if matches!(event, Err(RecvError::Closed)) { break },
+                    event = reconnects.recv() => if matches!(event, Err(RecvError::Closed)) { break },
+                }
+                // An error or a reconnection: purges may have been missed. Follow again once the
+                // purge channel is subscribed again (the subscribe waits for the connection).
+                purged.tell(PurgeEvent::Missed);
+                if purged.followed.initialized() && subscriber.subscribe(purged.channel.as_str()).await.is_ok() {
+                    purged.tell(PurgeEvent::Following);
+                }
+            }
+        });
+        Ok(Subscriptions { client, channels, purges, tasks: vec![router, resubscribe, follower] })
+    }
+
+    /// Calls `handler` with purges from now on (subscribing the purge channel the first time).
+    pub(crate) async fn follow_purges(&self, handler: PurgeHandler) -> Result<(), StoreError> {
+        self.purges
+            .followed
+            .get_or_try_init(|| async {
+                self.client
+                    .subscribe(self.purges.channel.as_str())
+                    .await
+                    .map_err(|e| super::store_error("subscribe", e))
+            })
+            .await?;
+        handler(PurgeEvent::Following);
+        self.purges.handlers.lock().unwrap_or_else(|p| p.into_inner()).push(handler);
+        Ok(())
     }
 
     /// A watcher on `channel`, subscribed before this returns; the last watcher of a channel

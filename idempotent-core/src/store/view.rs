@@ -1,0 +1,146 @@
+//! What operators see of records: one record read whole ([`RecordView`]), a page of a scan, and
+//! what forgetting a key did. Built by each store from its own format; the runtime and the CLI
+//! read only these.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+
+/// The state of a record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecordState {
+    /// A call holds the key and runs its body.
+    InProgress,
+    /// A call completed; its result is kept (and replayed, unless not replayable).
+    Completed,
+}
+
+impl std::fmt::Display for RecordState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RecordState::InProgress => "in_progress",
+            RecordState::Completed => "completed",
+        })
+    }
+}
+
+/// One record, as an operator sees it (`Idempotency::inspect`, the CLI's `inspect` and `list`).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use idempotency::store::{Inspected, RecordState};
+/// use idempotency::{Call, Error, Idempotency, MemoryStore};
+///
+/// let idem = Idempotency::new(MemoryStore::new());
+/// let _: Result<u32, Error> = idem.run(Call::new("42").scope("orders"), || async { Ok(7) }).await;
+/// let Inspected::Record(view) = idem.inspect("orders", "42").await.unwrap() else { panic!() };
+/// assert_eq!(view.state, RecordState::Completed);
+/// assert_eq!(view.result_json(), Some(serde_json::json!(7)));
+/// # }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RecordView {
+    /// The full key (scope and key).
+    pub key: String,
+    /// In progress or completed.
+    pub state: RecordState,
+    /// The acquisition's fencing token, when the record carries it (a completed record always
+    /// does; an in-progress one taken by a plain `SET NX GET` on Redis does not: its token was
+    /// the server's `TIME` read after it).
+    pub fence: Option<u64>,
+    /// In progress: the owner id of the attempt holding the key.
+    pub owner: Option<String>,
+    /// In progress: when the attempt started (unix ms, by the holder's clock, from its owner
+    /// id).
+    pub started_ms: Option<u64>,
+    /// Completed: when the result was stored (unix ms, by the committing client's clock).
+    pub stored_ms: Option<u64>,
+    /// What the store says the record has left: the lease while in progress, `keep` once
+    /// completed (`None` when it does not expire).
+    #[serde(serialize_with = "millis")]
+    pub ttl: Option<Duration>,
+    /// The payload's fingerprint stored with the key.
+    pub fingerprint: Option<String>,
+    /// A caller in some process waits for the key to change.
+    pub watched: bool,
+    /// Completed: whether the result can be replayed (it was stored).
+    pub replayable: bool,
+    /// Completed and replayable: the stored result, JSON bytes.
+    #[serde(skip)]
+    pub result: Option<Vec<u8>>,
+}
+
+fn millis<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+    match d {
+        Some(d) => s.serialize_some(&(d.as_millis() as u64)),
+        None => s.serialize_none(),
+    }
+}
+
+impl RecordView {
+    /// The stored result as JSON, when it is replayable and decodes.
+    pub fn result_json(&self) -> Option<serde_json::Value> {
+        self.result.as_deref().and_then(|r| serde_json::from_slice(r).ok())
+    }
+
+    /// The stored result's size in bytes.
+    pub fn result_bytes(&self) -> Option<usize> {
+        self.result.as_ref().map(Vec::len)
+    }
+
+    /// How old the record is at `now`: since its attempt started (in progress) or its result
+    /// was stored (completed), by the clocks that wrote them; `None` when unknown.
+    pub fn age(&self, now: SystemTime) -> Option<Duration> {
+        let at = match self.state {
+            RecordState::InProgress => self.started_ms?,
+            RecordState::Completed => self.stored_ms?,
+        };
+        let now_ms = now.duration_since(UNIX_EPOCH).ok()?.as_millis() as u64;
+        Some(Duration::from_millis(now_ms.saturating_sub(at)))
+    }
+}
+
+/// What a key holds, read by [`Store::inspect`](super::Store::inspect).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Inspected {
+    /// No record.
+    Absent,
+    /// A record.
+    Record(RecordView),
+    /// Something that is not a record of this library (another program's value, or a record of
+    /// a format this version does not read).
+    Foreign {
+        /// What was found.
+        reason: String,
+    },
+}
+
+/// What [`Store::forget`](super::Store::forget) did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Forgotten {
+    /// The record was deleted; it was in this state.
+    Deleted(RecordState),
+    /// There was no record.
+    Absent,
+    /// The record is in progress and the call did not force it: nothing was deleted.
+    InProgress,
+    /// The key holds something that is not a record of this library: nothing was deleted.
+    Foreign {
+        /// What was found.
+        reason: String,
+    },
+}
+
+/// One page of a [`Store::scan`](super::Store::scan).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ScanPage {
+    /// The records of this page (full keys under the prefix).
+    pub records: Vec<RecordView>,
+    /// Keys under the prefix that hold something that is not a record, with what they hold.
+    pub foreign: Vec<(String, String)>,
+    /// Where the next page starts; `None` when the scan is complete.
+    pub next: Option<String>,
+    /// How many keys the store looked at for this page (for progress), records or not.
+    pub examined: usize,
+}
