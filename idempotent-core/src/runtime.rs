@@ -386,12 +386,51 @@ impl Idempotency {
     /// ([`IdempotencyBuilder::commit_deadline`]). The exception: a store that requires replica
     /// acknowledgements and did not get them fails the call with [`Error::Unconfirmed`]; the
     /// record stays on the primary, so a retry replays it unless a failover lost it.
-    pub async fn run<T, E, F, Fut>(&self, mut call: Call, body: F) -> Result<T, E>
+    pub async fn run<T, E, F, Fut>(&self, call: Call, body: F) -> Result<T, E>
     where
         T: Serialize + DeserializeOwned,
         E: From<Error>,
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, E>>,
+    {
+        let body = move || {
+            let fut = body();
+            async move { fut.await.map(|value| (value, ())) }
+        };
+        self.run_inner(call, body, CommitWith::<NoCommit>::Store).await
+    }
+
+    /// Runs `body` like [`run`](Self::run), for a store that writes the completed record
+    /// together with the body's own effects: the body returns its value and a handle `X` (a
+    /// database transaction holding its writes), and `commit` receives `X` with the record to
+    /// write ([`Completed`]), and makes both durable at once (one database commit).
+    ///
+    /// What differs from `run`: if `commit` finds another owner holds the key
+    /// (`Transition::Lost`: the lease was lost and the key taken), it must have dropped the body's
+    /// effects, and the call fails with [`Error::LeaseLost`]; if `commit` fails (a serialization
+    /// failure, the database gone), nothing of the body stayed either: the key is released and
+    /// the call fails with [`Error::Store`]. An `Err` or a panic of the body drops `X` (rolling
+    /// its writes back) and releases the key, as in `run`.
+    pub async fn run_committing<T, E, X, F, Fut, C, CFut>(&self, call: Call, body: F, commit: C) -> Result<T, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<(T, X), E>>,
+        C: FnOnce(X, Completed) -> CFut,
+        CFut: Future<Output = Result<Transition, StoreError>>,
+    {
+        self.run_inner(call, body, CommitWith::Custom(commit)).await
+    }
+
+    async fn run_inner<T, E, X, F, Fut, C, CFut>(&self, mut call: Call, body: F, commit: CommitWith<C>) -> Result<T, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<(T, X), E>>,
+        C: FnOnce(X, Completed) -> CFut,
+        CFut: Future<Output = Result<Transition, StoreError>>,
     {
         let lease = call.ttl.unwrap_or(self.inner.ttl);
         // A token is checked before anything else, without the store.
@@ -492,17 +531,25 @@ impl Idempotency {
             drop(watcher);
             drop(_waiting);
             let held = Held { context: CallContext::new(key, owner, held), lease, sent, fingerprint, token_expires };
-            return self.execute(&call, held, body).await;
+            return self.execute(&call, held, body, commit).await;
         }
     }
 
     /// Runs the body on a held key, then commits or releases the key.
-    async fn execute<T, E, F, Fut>(&self, call: &Call, held: Held, body: F) -> Result<T, E>
+    async fn execute<T, E, X, F, Fut, C, CFut>(
+        &self,
+        call: &Call,
+        held: Held,
+        body: F,
+        commit: CommitWith<C>,
+    ) -> Result<T, E>
     where
         T: Serialize + DeserializeOwned,
         E: From<Error>,
         F: FnOnce() -> Fut,
-        Fut: Future<Output = Result<T, E>>,
+        Fut: Future<Output = Result<(T, X), E>>,
+        C: FnOnce(X, Completed) -> CFut,
+        CFut: Future<Output = Result<Transition, StoreError>>,
     {
         let context = &held.context;
         let mut guard = ReleaseOnDrop { store: Some(&self.inner.store), context, lease: held.lease };
@@ -550,9 +597,7 @@ impl Idempotency {
                 guard.release().await;
                 Err(e)
             }
-            Driven::Finished(Ok(Ok(value))) => {
-                // From here on the key is never released: the body ran.
-                guard.store = None;
+            Driven::Finished(Ok(Ok((value, handle)))) => {
                 // Encoded before any await: the call's future holds no `&T` across one, so it is
                 // `Send` whenever `T` is. A value that would not replay as itself is kept as
                 // completed but not replayable (the body ran: a duplicate must not run it again),
@@ -561,7 +606,50 @@ impl Idempotency {
                     Ok(encoded) => (encoded, None),
                     Err(why) => (Encoded::NotReplayable(why.clone()), Some(why)),
                 };
-                match (self.commit(call, &held, encoded, lease_end).await, inexact) {
+                let stored = match commit {
+                    CommitWith::Store => {
+                        // From here on the key is never released: the body ran.
+                        guard.store = None;
+                        drop(handle);
+                        self.commit(call, &held, encoded, lease_end)
+                            .await
+                            .map_err(|source| Error::Unconfirmed { key: context.key().to_owned(), source })
+                    }
+                    CommitWith::Custom(commit) => {
+                        let completed = self.completed(call, &held, encoded);
+                        let (result, fingerprint, keep) =
+                            (completed.result.clone(), completed.fingerprint.clone(), completed.keep);
+                        let sent = Instant::now();
+                        match commit(handle, completed).await {
+                            Ok(Transition::Done) => {
+                                guard.store = None;
+                                if let Some(bytes) = &result {
+                                    self.inner.cache_put(context.key(), fingerprint.as_deref(), bytes, sent + keep);
+                                }
+                                Ok(())
+                            }
+                            // The store dropped the body's effects with its record: the key is
+                            // not ours to release.
+                            Ok(Transition::Lost) => {
+                                guard.store = None;
+                                Err(Error::LeaseLost {
+                                    key: context.key().to_owned(),
+                                    reason: "another owner took the key: the body's writes were rolled back".into(),
+                                })
+                            }
+                            Ok(Transition::Corrupt { reason }) => {
+                                guard.store = None;
+                                Err(Error::Corrupt { key: context.key().to_owned(), reason })
+                            }
+                            // Nothing of the body stayed: the key goes back, a retry runs it.
+                            Err(source) => {
+                                guard.release().await;
+                                Err(Error::Store { key: context.key().to_owned(), source })
+                            }
+                        }
+                    }
+                };
+                match (stored, inexact) {
                     (Ok(()), None) => Ok(value),
                     (Ok(()), Some(why)) => Err(Error::Codec {
                         key: context.key().to_owned(),
@@ -572,7 +660,7 @@ impl Idempotency {
                         ),
                     }
                     .into()),
-                    (Err(source), _) => Err(Error::Unconfirmed { key: context.key().to_owned(), source }.into()),
+                    (Err(e), _) => Err(e.into()),
                 }
             }
         }
@@ -585,20 +673,8 @@ impl Idempotency {
     /// the record fails the call, which is the caller's to know.
     async fn commit(&self, call: &Call, held: &Held, encoded: Encoded, lease_end: Instant) -> Result<(), StoreError> {
         let key = held.context.key();
-        let result = match encoded {
-            Encoded::Replayable(bytes) => Some(bytes),
-            Encoded::NotReplayable(why) => {
-                tracing::warn!(key = %key, why = %why, "idempotency result stored as not replayable");
-                None
-            }
-        };
-        let mut keep = call.keep.unwrap_or(self.inner.keep);
-        if let Some(expires) = held.token_expires {
-            // A used token stays used until it expires, whatever `keep` says: its record lives
-            // until then, plus the clock skew allowed between machines.
-            let left = expires.duration_since(std::time::SystemTime::now()).unwrap_or_default();
-            keep = keep.max(left + self.inner.token_skew);
-        }
+        let result = replayable(key, encoded);
+        let keep = self.keep_for(call, held);
         let request = CommitRequest {
             key,
             owner: held.context.owner(),
@@ -638,6 +714,76 @@ impl Idempotency {
             }
         }
     }
+}
+
+impl Idempotency {
+    /// How long the completed record is kept: the call's `keep`, and in token mode at least until
+    /// the token expires.
+    fn keep_for(&self, call: &Call, held: &Held) -> Duration {
+        let keep = call.keep.unwrap_or(self.inner.keep);
+        match held.token_expires {
+            // A used token stays used until it expires, whatever `keep` says: its record lives
+            // until then, plus the clock skew allowed between machines.
+            Some(expires) => {
+                let left = expires.duration_since(std::time::SystemTime::now()).unwrap_or_default();
+                keep.max(left + self.inner.token_skew)
+            }
+            None => keep,
+        }
+    }
+
+    /// The completed record of a call, owned, for a store that writes it itself.
+    fn completed(&self, call: &Call, held: &Held, encoded: Encoded) -> Completed {
+        let key = held.context.key();
+        Completed {
+            key: key.to_owned(),
+            owner: held.context.owner().to_owned(),
+            fence: held.context.fence(),
+            keep: self.keep_for(call, held),
+            result: replayable(key, encoded),
+            fingerprint: held.fingerprint.clone(),
+        }
+    }
+}
+
+/// The bytes to store, or `None` for a result kept as not replayable (logged).
+fn replayable(key: &str, encoded: Encoded) -> Option<Vec<u8>> {
+    match encoded {
+        Encoded::Replayable(bytes) => Some(bytes),
+        Encoded::NotReplayable(why) => {
+            tracing::warn!(key = %key, why = %why, "idempotency result stored as not replayable");
+            None
+        }
+    }
+}
+
+/// How a successful body's record is written: by the store's own commit, or by the caller's
+/// ([`Idempotency::run_committing`]).
+enum CommitWith<C> {
+    Store,
+    Custom(C),
+}
+
+/// The commit type of a call that commits through the store.
+type NoCommit = fn((), Completed) -> std::future::Ready<Result<Transition, StoreError>>;
+
+/// The completed record a successful body leaves, for a store that writes it together with the
+/// body's own effects ([`Idempotency::run_committing`]): the owner-checked transition from in
+/// progress to completed, as [`Store::commit`] would make it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Completed {
+    /// The full key.
+    pub key: String,
+    /// The owner that holds it.
+    pub owner: String,
+    /// The acquisition's fencing token.
+    pub fence: u64,
+    /// How long the completed record is kept (zero: delete it).
+    pub keep: Duration,
+    /// The encoded result, or `None` when it is not replayable.
+    pub result: Option<Vec<u8>>,
+    /// The payload's fingerprint.
+    pub fingerprint: Option<String>,
 }
 
 /// A commit to retry, owning what it stores (it may outlive the call).
@@ -951,5 +1097,55 @@ impl std::fmt::Debug for Idempotency {
             .field("keep", &self.inner.keep)
             .field("max_result_bytes", &self.inner.max_result_bytes)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::memory::MemoryStore;
+
+    /// `run_committing`: the caller's commit writes the record (here through the store, as a
+    /// database store would within the body's transaction); a failed commit releases the key and
+    /// fails the call; a commit that finds the key lost fails with `LeaseLost`.
+    #[tokio::test]
+    async fn a_caller_commit_writes_the_record_or_fails_the_call() {
+        let store = Arc::new(MemoryStore::new());
+        let idem = Idempotency::builder_shared(store.clone()).build();
+        let through_store = |store: Arc<MemoryStore>| {
+            move |handle: &'static str, c: Completed| async move {
+                assert_eq!(handle, "tx");
+                let request = CommitRequest {
+                    key: &c.key,
+                    owner: &c.owner,
+                    fence: c.fence,
+                    keep: c.keep,
+                    result: c.result.as_deref(),
+                    fingerprint: c.fingerprint.as_deref(),
+                };
+                store.commit(request).await
+            }
+        };
+        let ran: Result<u32, Error> =
+            idem.run_committing(Call::new("k"), || async { Ok((7, "tx")) }, through_store(store.clone())).await;
+        assert_eq!(ran.unwrap(), 7);
+        let replayed: Result<u32, Error> = idem.run(Call::new("k"), || async { Ok(8) }).await;
+        assert_eq!(replayed.unwrap(), 7);
+
+        let failed: Result<u32, Error> = idem
+            .run_committing(
+                Call::new("f"),
+                || async { Ok((1, "tx")) },
+                |_, _| async { Err(StoreError::new(StoreErrorKind::Backend, "could not serialize access")) },
+            )
+            .await;
+        assert!(matches!(failed, Err(Error::Store { .. })), "{failed:?}");
+        let after: Result<u32, Error> = idem.run(Call::new("f"), || async { Ok(2) }).await;
+        assert_eq!(after.unwrap(), 2, "a failed commit left the key held or stored");
+
+        let lost: Result<u32, Error> = idem
+            .run_committing(Call::new("l"), || async { Ok((1, "tx")) }, |_, _| async { Ok(Transition::Lost) })
+            .await;
+        assert!(matches!(lost, Err(Error::LeaseLost { .. })), "{lost:?}");
     }
 }
