@@ -496,7 +496,9 @@ async fn check_round_trips(idem: &Idempotency, client: &Client) -> Vec<(&'static
     let per = |n: u64| n as f64 / N as f64;
     // Warm the script cache so no NOSCRIPT fallback is counted.
     complete_keys(idem, "warm:", 1).await;
-    let _: R<()> = idem.run(Call::new("warm:err"), || async { Err(Error::Conflict { key: String::new() }) }).await;
+    let _: R<()> = idem
+        .run(Call::new("warm:err"), || async { Err(Error::Conflict { key: String::new(), retry_after: None }) })
+        .await;
     let top = TopLevel::start(client).await;
     let records = format!("{}:", idempotency::store::redis::DEFAULT_PREFIX);
     let mut out = Vec::new();
@@ -531,7 +533,9 @@ async fn check_round_trips(idem: &Idempotency, client: &Client) -> Vec<(&'static
         .count(&records, async {
             for i in 0..N {
                 let _: R<()> = idem
-                    .run(Call::new(format!("rt-err:{i}")), || async { Err(Error::Conflict { key: String::new() }) })
+                    .run(Call::new(format!("rt-err:{i}")), || async {
+                        Err(Error::Conflict { key: String::new(), retry_after: None })
+                    })
                     .await;
             }
         })

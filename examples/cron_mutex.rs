@@ -1,5 +1,10 @@
 //! A scheduled job fires on three instances at once: one runs it, the other two skip. The job
-//! outlives its lease three times over, and keeps it: the watchdog renews it while it runs.
+//! outlives its lease three times over, and keeps it: the watchdog renews it while it runs. And a
+//! job that must run once per day, however often and wherever it fires: a key per day, kept
+//! longer than a day.
+//!
+//! Both give their scope: by default a key's scope is the function's module path and name, so
+//! two binaries (or a renamed function) guarding "the same" job would not exclude each other.
 //!
 //! ```text
 //! cargo run --example cron_mutex                               # in-memory store
@@ -35,19 +40,45 @@ struct Instance {
 /// Times the job body ran, over all instances.
 static RUNS: AtomicU32 = AtomicU32::new(0);
 
+/// Daily digests sent, over all instances.
+static DIGESTS: AtomicU32 = AtomicU32::new(0);
+
 /// How long the job takes: three times its lease.
 const JOB: Duration = Duration::from_millis(1800);
 
 impl Instance {
     /// A mutex, not a cache: a key in progress elsewhere is refused at once, and nothing is kept
     /// after success (`keep = "0s"`), so tomorrow's run runs. The 600 ms lease is renewed every
-    /// 200 ms while the body runs; a crashed instance would hold it 600 ms at most.
-    #[idempotent(key = "nightly-report", ttl = "600ms", keep = "0s", on_conflict = reject, store = self.idem)]
+    /// 200 ms while the body runs; a crashed instance would hold it 600 ms at most. `scope =
+    /// "jobs"`: every binary that fires this job shares the key, whatever its module path.
+    #[idempotent(scope = "jobs", key = "nightly-report", ttl = "600ms", keep = "0s", on_conflict = reject, store = self.idem)]
     async fn nightly_report(&self) -> Result<String, AppError> {
         let n = RUNS.fetch_add(1, Ordering::SeqCst) + 1;
         println!("  {}: running the report (run #{n})", self.name);
         tokio::time::sleep(JOB).await;
         Ok(format!("report #{n} by {}", self.name))
+    }
+
+    /// Once per day: the day is in the key, and the record of a day's run is kept 36 hours, so an
+    /// instance firing again that day (a restart, a second schedule) finds it and skips
+    /// (`on_duplicate = reject`), and one firing while it runs is refused.
+    #[idempotent(scope = "jobs", key = "daily-digest:{day}", ttl = "600ms", keep = "36h", on_duplicate = reject, store = self.idem)]
+    async fn daily_digest(&self, day: &str) -> Result<String, AppError> {
+        let n = DIGESTS.fetch_add(1, Ordering::SeqCst) + 1;
+        println!("  {}: sending the digest of {day} (digest #{n})", self.name);
+        Ok(format!("digest of {day}"))
+    }
+
+    /// Fires the daily job: whether this instance sent it.
+    async fn fire_digest(&self, day: &str) -> bool {
+        match self.daily_digest(day).await {
+            Ok(_) => true,
+            Err(AppError::Idempotency(Error::Duplicate { .. } | Error::Conflict { .. })) => {
+                println!("  {}: the digest of {day} is already sent, or being sent", self.name);
+                false
+            }
+            Err(AppError::Idempotency(e)) => panic!("{}: {e}", self.name),
+        }
     }
 
     /// What the scheduler does when the job fires: run it, or skip it if it runs elsewhere.
@@ -109,5 +140,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let runs = RUNS.load(Ordering::SeqCst);
     println!("the job ran {runs} times in two nights on three instances");
     assert_eq!(runs, 2);
+
+    println!("the daily digest fires on all three instances, then again later the same day, then the next day");
+    let sent =
+        [a.fire_digest("2026-12-01").await, b.fire_digest("2026-12-01").await, c.fire_digest("2026-12-01").await];
+    assert_eq!(sent.iter().filter(|s| **s).count(), 1, "the digest went out more than once that day");
+    assert!(!a.fire_digest("2026-12-01").await, "fired again the same day, and sent again");
+    assert!(b.fire_digest("2026-12-02").await, "the next day's digest did not go out");
+    assert_eq!(DIGESTS.load(Ordering::SeqCst), 2);
+    println!("two digests in two days, whatever the firing");
     Ok(())
 }

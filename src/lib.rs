@@ -1,21 +1,61 @@
 //! Make async service functions safe against duplicate calls: a double-clicked submit button, a
 //! payment provider re-sending its callback, a queue redelivering a message, an RPC retry, a
-//! scheduled job firing on every instance.
+//! scheduled job firing on every instance. One attribute, a per-key state machine behind it
+//! (in Redis, PostgreSQL, or this process's memory).
 //!
-//! This facade re-exports the runtime ([`idempotent_core`]). See the README for the whole
-//! picture.
+//! # Quickstart
+//!
+//! ```sh
+//! cargo add idempotency                     # the runtime, the attribute, RedisStore (TLS included)
+//! cargo add idempotency --features axum     # plus the HTTP layer (idempotency::http) and web::Json
+//! ```
+//!
+//! Set a runtime once at start-up, put the attribute on the function:
 //!
 //! ```
-//! # #[tokio::main(flavor = "current_thread")] async fn main() {
-//! use idempotency::{Call, Error, Idempotency, MemoryStore};
+//! use idempotency::{idempotent, Error, Idempotency, MemoryStore};
+//! use serde::{Deserialize, Serialize};
 //!
-//! let idem = Idempotency::new(MemoryStore::new());
-//! let first: Result<String, Error> = idem.run(Call::new("k"), || async { Ok("ran".into()) }).await;
-//! let again: Result<String, Error> = idem.run(Call::new("k"), || async { Ok("ran twice".into()) }).await;
-//! assert_eq!(first.unwrap(), "ran");
-//! assert_eq!(again.unwrap(), "ran"); // replayed
+//! #[derive(Serialize, Deserialize)]
+//! struct Callback { provider: String, txn_id: String, amount_cents: i64 }
+//!
+//! #[derive(Debug, PartialEq, Serialize, Deserialize)]
+//! struct Receipt { charged_cents: i64 }
+//!
+//! /// Runs once per provider and transaction; a re-sent callback gets the same receipt, and the
+//! /// same transaction id with another amount is refused (`Error::KeyReused`).
+//! #[idempotent(key = "pay:{cb.provider}:{cb.txn_id}", fingerprint = cb.amount_cents, ttl = "30s", keep = "24h")]
+//! async fn on_payment_callback(cb: Callback) -> Result<Receipt, Error> {
+//!     Ok(Receipt { charged_cents: cb.amount_cents }) // charge the card, once
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! // Once, at start-up. In production: RedisStore::connect("rediss://...").await?, or
+//! // idempotency::init_from_env().await? with IDEMPOTENCY_REDIS_URL set.
+//! idempotency::init(Idempotency::new(MemoryStore::new())).expect("set once");
+//!
+//! let cb = || Callback { provider: "stripe".into(), txn_id: "txn_1".into(), amount_cents: 1250 };
+//! let first = on_payment_callback(cb()).await.unwrap();
+//! let again = on_payment_callback(cb()).await.unwrap(); // replayed: the card is not charged twice
+//! assert_eq!(first, again);
 //! # }
 //! ```
+//!
+//! - [`idempotent`](macro@idempotent): the attribute and every argument (key templates, `ttl`,
+//!   `keep`, `on_duplicate`, `on_conflict`, `fingerprint`, `scope`, token mode).
+//! - [`Idempotency`]: the runtime; everything the attribute does is [`Idempotency::run`] with a
+//!   [`Call`]. Also [`Idempotency::lock`] (a lock guard for a critical section),
+//!   [`Idempotency::inspect`] / [`forget`](Idempotency::forget) / [`scan`](Idempotency::scan)
+//!   for operators, and [`Idempotency::issue_token`] for forms.
+//! - Stores: [`MemoryStore`] (one process), [`RedisStore`] (standalone, Sentinel, Cluster; TLS),
+//!   and custom ones through [`Store`].
+//! - [`Error`]: what a call can fail with, each naming its key; with the `axum` feature it answers
+//!   as an RFC 9457 problem, and [`web::Json`] serves `#[idempotent]` axum handlers.
+//!
+//! The repository's README and `docs/` (guarantees, attribute, HTTP, security, records) have the
+//! whole picture, each claim with the test that shows it.
+
+#![deny(missing_docs)]
 
 pub use idempotent_core::*;
 
@@ -43,6 +83,13 @@ pub mod __private {
     /// Called by the expansion, spanned on the return type, so that a wrong one is reported there.
     #[inline(always)]
     pub fn check_return<R: IdempotentReturn>() {}
+
+    /// The function's error from the library's (a key that could not be built): a generic call,
+    /// so that a function whose error type *is* `Error` trips no lint about a useless conversion.
+    #[inline(always)]
+    pub fn error_into<E: From<idempotent_core::Error>>(e: idempotent_core::Error) -> E {
+        E::from(e)
+    }
 }
 
 /// The HTTP layer (feature `axum`): the `Idempotency-Key` header and one-time form tokens as a

@@ -9,6 +9,15 @@ use crate::error::Error;
 
 /// Parameter mode (the key comes from the call's arguments) or token mode (the key is a
 /// one-time token issued beforehand).
+///
+/// ```
+/// use idempotency::{Call, Mode};
+///
+/// let by_params = Call::new("order:42"); // Mode::Param
+/// let by_token = Call::new("<token from the form>").mode(Mode::Token); // Call::token(..) alike
+/// assert_eq!(by_token.full_key(), "token:<token from the form>");
+/// # let _ = by_params;
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Mode {
     /// The key is built from the call's parameters; an absent key is acquired.
@@ -28,6 +37,18 @@ pub const MAX_KEY_BYTES: usize = 1024;
 pub const MIN_LEASE: Duration = Duration::from_millis(10);
 
 /// What a call does when it finds its key completed.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use idempotency::{Call, Error, Idempotency, MemoryStore, OnDuplicate};
+///
+/// let idem = Idempotency::new(MemoryStore::new());
+/// let call = || Call::new("signup:ann@example.com").on_duplicate(OnDuplicate::Reject);
+/// let first: Result<u8, Error> = idem.run(call(), || async { Ok(1) }).await;
+/// let again: Result<u8, Error> = idem.run(call(), || async { Ok(2) }).await;
+/// assert!(first.is_ok() && matches!(again, Err(Error::Duplicate { .. })));
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum OnDuplicate {
     /// Return the stored result without running the body (idempotency). The default.
@@ -38,6 +59,15 @@ pub enum OnDuplicate {
 }
 
 /// What a call does when another call holds its key in progress.
+///
+/// ```
+/// use std::time::Duration;
+/// use idempotency::{Call, OnConflict};
+///
+/// // A retry that arrives while the first attempt runs waits for its result (up to 5 s).
+/// let call = Call::new("refund:17").on_conflict(OnConflict::Wait(Duration::from_secs(5)));
+/// # let _ = call;
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum OnConflict {
     /// Fail at once with [`Error::Conflict`]. The default.
@@ -246,6 +276,11 @@ impl Call {
             }),
         }
     }
+}
+
+/// Checks a lock's key (`key` as given, `full_key` with its scope) and lease, as a call's.
+pub(crate) fn check_lock_key(full_key: &str, key: &str, lease: Duration) -> Result<(), Error> {
+    Call::new(key).validate(full_key, lease).map(drop)
 }
 
 #[cfg(test)]

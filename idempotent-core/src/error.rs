@@ -5,6 +5,26 @@ use std::time::Duration;
 
 /// Everything a call through the runtime can fail with.
 ///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use idempotency::{Call, Error, Idempotency, MemoryStore};
+///
+/// #[derive(Debug)]
+/// enum AppError { Busy, Other(Error) }
+/// impl From<Error> for AppError {
+///     fn from(e: Error) -> Self {
+///         match e {
+///             Error::Conflict { .. } => AppError::Busy, // answer 409, retry later
+///             other => AppError::Other(other),
+///         }
+///     }
+/// }
+/// let idem = Idempotency::new(MemoryStore::new());
+/// let r: Result<u8, AppError> = idem.run(Call::new(""), || async { Ok(1) }).await;
+/// assert!(matches!(r, Err(AppError::Other(Error::InvalidKey { .. }))));
+/// # }
+/// ```
+///
 /// Every variant names the key it is about (the full key: scope and key, see
 /// [`Call`](crate::Call)); [`Error::key`] returns it. The function wrapped by the runtime returns
 /// its own error type, which must implement `From<idempotency::Error>`.
@@ -16,6 +36,9 @@ pub enum Error {
     Conflict {
         /// The key.
         key: String,
+        /// When the holder's lease runs out unless it is renewed, when the store said: a hint for
+        /// when to retry (HTTP's `Retry-After`).
+        retry_after: Option<Duration>,
     },
     /// The key has completed before and the policy is to reject duplicates, or its stored result
     /// is not replayable (it was larger than the limit, or did not serialize).
@@ -121,7 +144,7 @@ impl Error {
     /// The key the error is about.
     pub fn key(&self) -> &str {
         match self {
-            Error::Conflict { key }
+            Error::Conflict { key, .. }
             | Error::Duplicate { key, .. }
             | Error::KeyReused { key }
             | Error::InvalidToken { key }
@@ -159,6 +182,21 @@ pub(crate) fn shown(key: &str) -> impl fmt::Display + '_ {
 }
 
 /// What kind of failure a [`StoreError`] is.
+///
+/// ```
+/// use idempotency::{Error, StoreErrorKind};
+///
+/// /// Whether a caller may retry the same call later.
+/// fn retryable(e: &Error) -> bool {
+///     match e {
+///         Error::Store { source, .. } => {
+///             matches!(source.kind(), StoreErrorKind::Unavailable | StoreErrorKind::Timeout)
+///         }
+///         Error::Conflict { .. } | Error::Timeout { .. } => true,
+///         _ => false,
+///     }
+/// }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum StoreErrorKind {
@@ -247,7 +285,7 @@ mod tests {
 
     #[test]
     fn messages_name_the_key() {
-        let e = Error::Conflict { key: "orders:42".into() };
+        let e = Error::Conflict { key: "orders:42".into(), retry_after: None };
         assert_eq!(e.to_string(), "key \"orders:42\": another call holds it in progress");
         assert_eq!(e.key(), "orders:42");
     }
@@ -258,7 +296,7 @@ mod tests {
         let msg = Error::InvalidKey { key: long, reason: "too long".into() }.to_string();
         assert!(msg.len() < 300, "{msg}");
         assert!(msg.contains("(10000 bytes)"), "{msg}");
-        let odd = Error::Conflict { key: "a\nb\0c".into() }.to_string();
+        let odd = Error::Conflict { key: "a\nb\0c".into(), retry_after: None }.to_string();
         assert!(odd.contains(r#""a\nb\0c""#), "{odd}");
     }
 }

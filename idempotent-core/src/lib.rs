@@ -31,7 +31,7 @@
 //! # }
 //! ```
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 mod cache;
 mod call;
@@ -43,10 +43,15 @@ mod global;
 mod hash;
 mod ids;
 mod key;
+mod lock;
+#[cfg(feature = "axum")]
+pub mod problem;
 mod runtime;
 pub mod store;
 mod token;
 mod watchdog;
+#[cfg(feature = "axum")]
+pub mod web;
 
 pub use call::{Call, Mode, OnConflict, OnDuplicate, MAX_KEY_BYTES, MIN_LEASE};
 pub use codec::MAX_FINGERPRINT_BYTES;
@@ -57,8 +62,9 @@ pub use error::{Error, StoreError, StoreErrorKind};
 pub use global::init_from_env;
 pub use global::{global, init, Global};
 pub use key::KeyBuilder;
+pub use lock::{LockGuard, LockRequest, LOCK_SCOPE};
 pub use runtime::{
-    Force, Idempotency, IdempotencyBuilder, ScanFilter, DEFAULT_KEEP, DEFAULT_MAX_RESULT_BYTES,
+    Completed, Force, Idempotency, IdempotencyBuilder, ScanFilter, DEFAULT_KEEP, DEFAULT_MAX_RESULT_BYTES,
     DEFAULT_MAX_WAITERS_PER_KEY, DEFAULT_TTL, RUNTIME_ENV_VARS,
 };
 pub use store::memory::MemoryStore;

@@ -17,12 +17,13 @@ use crate::codec::{self, Encoded};
 use crate::context::CallContext;
 use crate::error::{Error, StoreError, StoreErrorKind};
 use crate::ids;
+use crate::lock::{LockGuard, LockRequest};
 use crate::store::{
     AcquireOutcome, AcquireRequest, CommitRequest, Forgotten, Inspected, PurgeEvent, PurgeHandler, RecordState,
     ScanPage, Store, Transition, Watcher,
 };
 use crate::token::TokenKeys;
-use crate::watchdog::Watchdog;
+use crate::watchdog::{Registration, Watchdog};
 
 /// The default lease.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
@@ -269,6 +270,59 @@ impl Idempotency {
         Ok(Idempotency::builder(store).with_vars(&vars)?.build())
     }
 
+    /// A distributed lock on `key` (in the scope `lock` unless [`scope`](LockRequest::scope)
+    /// says otherwise), for a critical section inside a function: renewed by the watchdog while
+    /// held, with a fencing token and loss detection, released when its guard goes.
+    /// [`acquire`](LockRequest::acquire) takes it or fails with [`Error::Conflict`];
+    /// [`wait`](LockRequest::wait) waits for it. See [`LockGuard`].
+    pub fn lock(&self, key: impl Into<String>) -> LockRequest<'_> {
+        LockRequest::new(self, key.into())
+    }
+
+    /// Takes the lock on `key` if it is free ([`Error::Conflict`] otherwise), with the default
+    /// lease: `lock(key).acquire()`.
+    pub async fn try_lock(&self, key: impl Into<String>) -> Result<LockGuard, Error> {
+        self.lock(key).acquire().await
+    }
+
+    /// Takes the lock on `key`, waiting up to `patience` for it: `lock(key).wait(patience)`.
+    pub async fn lock_wait(&self, key: impl Into<String>, patience: Duration) -> Result<LockGuard, Error> {
+        self.lock(key).wait(patience).await
+    }
+
+    /// The lease of calls that set none.
+    pub(crate) fn default_ttl(&self) -> Duration {
+        self.inner.ttl
+    }
+
+    /// Has the watchdog renew `context`'s lease, acquired by a request sent at `sent`, until the
+    /// registration goes.
+    pub(crate) fn watch_lease(&self, lease: Duration, sent: Instant, context: CallContext) -> Registration {
+        self.inner.watchdog.register(lease, true, sent, context)
+    }
+
+    /// Releases `key` for `owner` now: `LeaseLost` if another owner has it; on a store error the
+    /// store goes on trying in the background.
+    pub(crate) async fn release_key(&self, key: &str, owner: &str, lease: Duration) -> Result<(), Error> {
+        match self.inner.store.release(key, owner).await {
+            Ok(Transition::Done) => Ok(()),
+            Ok(Transition::Lost) => Err(Error::LeaseLost {
+                key: key.to_owned(),
+                reason: "another holder has the key: the lease had run out".into(),
+            }),
+            Ok(Transition::Corrupt { reason }) => Err(Error::Corrupt { key: key.to_owned(), reason }),
+            Err(source) => {
+                self.release_in_background(key, owner, lease);
+                Err(Error::Store { key: key.to_owned(), source })
+            }
+        }
+    }
+
+    /// Releases `key` for `owner` in the background ([`Store::abandon`]).
+    pub(crate) fn release_in_background(&self, key: &str, owner: &str, lease: Duration) {
+        self.inner.store.clone().abandon(key, owner, lease);
+    }
+
     /// The store.
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.inner.store
@@ -286,10 +340,10 @@ impl Idempotency {
     ///
     /// let idem = Idempotency::new(MemoryStore::new());
     /// let token = idem.issue_token(Duration::from_secs(3600)).unwrap(); // with the form
-    /// let submit = || idem.run(Call::token(&token), || async { Ok::<_, Error>("order 7") });
-    /// assert_eq!(submit().await.unwrap(), "order 7");
-    /// assert_eq!(submit().await.unwrap(), "order 7"); // a double click: replayed
-    /// let forged: Result<&str, Error> = idem.run(Call::token("made-up"), || async { Ok("never") }).await;
+    /// let submit = || idem.run(Call::token(&token), || async { Ok::<_, Error>(7u32) });
+    /// assert_eq!(submit().await.unwrap(), 7);
+    /// assert_eq!(submit().await.unwrap(), 7); // a double click: replayed
+    /// let forged: Result<u32, Error> = idem.run(Call::token("made-up"), || async { Ok(8) }).await;
     /// assert!(matches!(forged, Err(Error::InvalidToken { .. })));
     /// # }
     /// ```
@@ -444,6 +498,32 @@ impl Idempotency {
             return replay(&key, call.on_duplicate, Some(&hit.result)).map_err(E::from);
         }
         let owner = ids::owner_id();
+        match self.take(&key, owner, lease, fingerprint.as_deref(), call.on_conflict).await? {
+            Taken::Held { fence, sent } => {
+                let held =
+                    Held { context: CallContext::new(key, owner, fence), lease, sent, fingerprint, token_expires };
+                self.execute(&call, held, body, commit).await
+            }
+            Taken::Completed { fingerprint: theirs, result, kept_until } => {
+                if let Some(bytes) = &result {
+                    self.inner.cache_put(&key, theirs.as_deref(), bytes, kept_until);
+                }
+                replay(&key, call.on_duplicate, result.as_deref()).map_err(E::from)
+            }
+        }
+    }
+
+    /// Takes `key` for `owner`: acquires it, or finds it completed, or, held by another owner,
+    /// fails with `Conflict` or waits for it (`on_conflict`). A different fingerprint than the
+    /// one stored is `KeyReused`.
+    pub(crate) async fn take(
+        &self,
+        key: &str,
+        owner: ids::OwnerId,
+        lease: Duration,
+        fingerprint: Option<&str>,
+        on_conflict: OnConflict,
+    ) -> Result<Taken, Error> {
         let store = &*self.inner.store;
         // When the first acquire was sent: the wait's patience counts from there.
         let mut started: Option<Instant> = None;
@@ -453,10 +533,10 @@ impl Idempotency {
             let sent = Instant::now();
             let started = *started.get_or_insert(sent);
             let request = AcquireRequest {
-                key: &key,
+                key,
                 owner: owner.as_str(),
                 lease,
-                fingerprint: fingerprint.as_deref(),
+                fingerprint,
                 will_wait: watcher.is_some(),
                 // The wait needs the holder's lease; the cache, how long a result is kept.
                 report_ttl: watcher.is_some() || self.inner.cache.is_some(),
@@ -464,7 +544,7 @@ impl Idempotency {
             // Armed before the acquire is sent: if this call is dropped while the acquire is in
             // flight, or the acquire fails (it may still land later), the store releases the key
             // for this owner in the background.
-            let abandon = Abandon { store: Some(&self.inner.store), key: &key, owner: owner.as_str(), lease };
+            let abandon = Abandon { store: Some(&self.inner.store), key, owner: owner.as_str(), lease };
             let found = match store.acquire(request).await {
                 Ok(found) => {
                     abandon.disarm();
@@ -472,44 +552,44 @@ impl Idempotency {
                 }
                 Err(source) => {
                     drop(abandon);
-                    return Err(Error::Store { key: key.clone(), source }.into());
+                    return Err(Error::Store { key: key.to_owned(), source });
                 }
             };
-            let held = match found {
-                AcquireOutcome::Acquired { fence } => fence,
+            match found {
+                AcquireOutcome::Acquired { fence } => return Ok(Taken::Held { fence, sent }),
                 AcquireOutcome::Completed { fingerprint: theirs, result, kept_for } => {
-                    check_fingerprint(&key, theirs.as_deref(), fingerprint.as_deref())?;
-                    if let Some(bytes) = &result {
-                        // Counted from before the read was sent: never past the record's end.
-                        self.inner.cache_put(&key, theirs.as_deref(), bytes, sent + kept_for);
-                    }
-                    return replay(&key, call.on_duplicate, result.as_deref()).map_err(E::from);
+                    check_fingerprint(key, theirs.as_deref(), fingerprint)?;
+                    // Counted from before the read was sent: never past the record's end.
+                    return Ok(Taken::Completed { fingerprint: theirs, result, kept_until: sent + kept_for });
                 }
+                AcquireOutcome::Corrupt { reason } => return Err(Error::Corrupt { key: key.to_owned(), reason }),
                 AcquireOutcome::InProgress { fingerprint: theirs, lease_left } => {
-                    check_fingerprint(&key, theirs.as_deref(), fingerprint.as_deref())?;
-                    let OnConflict::Wait(patience) = call.on_conflict else {
-                        return Err(Error::Conflict { key }.into());
+                    check_fingerprint(key, theirs.as_deref(), fingerprint)?;
+                    let conflict = || Error::Conflict {
+                        key: key.to_owned(),
+                        retry_after: (!lease_left.is_zero()).then_some(lease_left),
                     };
+                    let OnConflict::Wait(patience) = on_conflict else { return Err(conflict()) };
                     let now = Instant::now();
                     if now >= started + patience {
-                        return Err(Error::Timeout { key, waited: now - started }.into());
+                        return Err(Error::Timeout { key: key.to_owned(), waited: now - started });
                     }
                     match &mut watcher {
                         // Watch first, then look again: a change after this look wakes us.
                         None => {
-                            match WaitSlot::take(&self.inner, &key) {
-                                Some(slot) => _waiting = Some(slot),
-                                None => {
-                                    tracing::warn!(
-                                        key = %key,
-                                        max = self.inner.max_waiters_per_key,
-                                        "idempotency call not waiting: too many calls already wait on this key"
-                                    );
-                                    return Err(Error::Conflict { key }.into());
-                                }
-                            }
-                            let w =
-                                store.watch(&key).await.map_err(|source| Error::Store { key: key.clone(), source })?;
+                            let Some(slot) = WaitSlot::take(&self.inner, key) else {
+                                tracing::warn!(
+                                    key = %key,
+                                    max = self.inner.max_waiters_per_key,
+                                    "idempotency call not waiting: too many calls already wait on this key"
+                                );
+                                return Err(conflict());
+                            };
+                            _waiting = Some(slot);
+                            let w = store
+                                .watch(key)
+                                .await
+                                .map_err(|source| Error::Store { key: key.to_owned(), source })?;
                             watcher = Some(w);
                         }
                         Some(w) => {
@@ -524,14 +604,8 @@ impl Idempotency {
                             }
                         }
                     }
-                    continue;
                 }
-                AcquireOutcome::Corrupt { reason } => return Err(Error::Corrupt { key, reason }.into()),
-            };
-            drop(watcher);
-            drop(_waiting);
-            let held = Held { context: CallContext::new(key, owner, held), lease, sent, fingerprint, token_expires };
-            return self.execute(&call, held, body, commit).await;
+            }
         }
     }
 
@@ -922,6 +996,14 @@ impl Drop for WaitSlot<'_> {
     }
 }
 
+/// What [`Idempotency::take`] found.
+pub(crate) enum Taken {
+    /// The key is held: the acquisition's fence, and when its acquire was sent.
+    Held { fence: u64, sent: Instant },
+    /// The key completed: what it keeps, until when it may be cached.
+    Completed { fingerprint: Option<String>, result: Option<Vec<u8>>, kept_until: Instant },
+}
+
 /// How a body ended.
 enum Driven<T> {
     Finished(T),
@@ -1008,6 +1090,19 @@ fn full_key(scope: &str, key: &str) -> String {
 }
 
 /// Whether [`Idempotency::forget`] may delete a record in progress.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use idempotency::store::{Forgotten, RecordState};
+/// use idempotency::{Call, Error, Force, Idempotency, MemoryStore};
+///
+/// let idem = Idempotency::new(MemoryStore::new());
+/// let _: Result<u8, Error> = idem.run(Call::new("7").scope("invoices"), || async { Ok(1) }).await;
+/// // After a bug fix: run invoice 7 again.
+/// let forgotten = idem.forget("invoices", "7", Force::CompletedOnly).await.unwrap();
+/// assert_eq!(forgotten, Forgotten::Deleted(RecordState::Completed));
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Force {
     /// Only a completed record is deleted; an in-progress one is left (`Forgotten::InProgress`).

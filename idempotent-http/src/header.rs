@@ -13,6 +13,13 @@ pub static IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-ke
 pub const DEFAULT_MAX_KEY_BYTES: usize = 255;
 
 /// Why an `Idempotency-Key` header was refused.
+///
+/// ```
+/// use idempotent_http::header::KeyError;
+///
+/// let e = KeyError::TooLong { len: 300, max: 255 };
+/// assert_eq!(e.to_string(), "the Idempotency-Key is 300 bytes long, over the 255-byte limit");
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum KeyError {

@@ -27,6 +27,14 @@ pub const DEFAULT_TOKEN_TTL: Duration = Duration::from_secs(3600);
 pub const DEFAULT_TOKEN_PATH: &str = "/idempotent/token";
 
 /// What a guarded request must carry in its `Idempotency-Key` header.
+///
+/// ```
+/// use idempotent_core::{Idempotency, MemoryStore};
+/// use idempotent_http::{IdempotencyLayer, KeyMode};
+///
+/// let layer = IdempotencyLayer::shared_keys(Idempotency::new(MemoryStore::new())).mode(KeyMode::Optional);
+/// # let _ = layer;
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum KeyMode {
     /// A key of the client's choosing is required: a request without one is refused with 400.

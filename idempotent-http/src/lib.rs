@@ -35,12 +35,14 @@
 //! ([`IdempotencyLayer::require_token`], [`IdempotencyLayer::token_router`]) has the server
 //! hand out one-time keys, for pages that cannot make up good keys of their own.
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 pub mod client;
 pub mod header;
 mod layer;
-pub mod problem;
+/// Problem details: the runtime's own (`idempotency::problem`), shared with `Error`'s
+/// `IntoResponse`.
+pub use idempotent_core::problem;
 mod service;
 mod stored;
 mod token;

@@ -197,28 +197,10 @@ fn prepare(policy: &Policy, parts: &request::Parts) -> Result<Option<Call>, Prob
     Ok(Some(call))
 }
 
-/// The problem answering a runtime error.
+/// The problem answering a runtime error: the runtime's mapping
+/// ([`Problem::for_error`]), with the token endpoint named for an invalid token.
 pub(crate) fn problem_for(policy: &Policy, e: &Error) -> Problem {
     match e {
-        Error::Conflict { .. } => Problem::new(
-            ProblemKind::InFlight,
-            "a request with this key is still being processed; retry later to get its response",
-        ),
-        Error::Timeout { waited, .. } => Problem::new(
-            ProblemKind::InFlight,
-            format!("a request with this key is still being processed after waiting {waited:?}; retry later"),
-        ),
-        Error::KeyReused { .. } => Problem::new(
-            ProblemKind::KeyReused,
-            "this key was first used for a request with a different method, path or body",
-        ),
-        Error::Duplicate { replayable: false, .. } => Problem::new(
-            ProblemKind::NotReplayable,
-            "a request with this key completed, but its response was too large to keep for replay; it is not run again",
-        ),
-        Error::Duplicate { .. } => {
-            Problem::new(ProblemKind::NotReplayable, "a request with this key completed; it is not run again")
-        }
         Error::InvalidToken { .. } => Problem::new(
             ProblemKind::InvalidToken,
             format!(
@@ -226,34 +208,15 @@ pub(crate) fn problem_for(policy: &Policy, e: &Error) -> Problem {
                 policy.token_path
             ),
         ),
-        Error::InvalidKey { reason, .. } => {
-            Problem::new(ProblemKind::MalformedKey, format!("the key is refused: {reason}"))
+        Error::Store { .. } | Error::Unconfirmed { .. } => {
+            tracing::warn!(error = %e, "idempotency store failed; request answered with 503");
+            Problem::for_error(e)
         }
-        Error::Store { source, .. } => {
-            tracing::warn!(error = %e, "idempotency store failed; request refused with 503");
-            Problem::new(
-                ProblemKind::StoreUnavailable,
-                format!("the idempotency store failed ({}); nothing ran, retry later", source.kind()),
-            )
+        Error::Codec { .. } | Error::Corrupt { .. } | Error::NotConfigured { .. } => {
+            tracing::error!(error = %e, "idempotency layer failed");
+            Problem::for_error(e)
         }
-        Error::LeaseLost { .. } => Problem::new(
-            ProblemKind::StoreUnavailable,
-            "the idempotency lease was lost while the request ran; retry later",
-        ),
-        Error::Unconfirmed { source, .. } => {
-            tracing::warn!(error = %e, "idempotency result stored but not confirmed by replicas");
-            Problem::new(
-                ProblemKind::Unconfirmed,
-                format!(
-                    "the request ran and its response was stored, but the store could not confirm it is durable \
-                     ({source}); retry with the same key to get the stored response"
-                ),
-            )
-        }
-        other => {
-            tracing::error!(error = %other, "idempotency layer failed");
-            Problem::new(ProblemKind::Internal, "the idempotency layer failed; see the server log")
-        }
+        other => Problem::for_error(other),
     }
 }
 

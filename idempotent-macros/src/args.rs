@@ -39,7 +39,8 @@ pub(crate) struct Args {
     /// `true` for `reject`.
     pub reject_duplicates: Option<bool>,
     pub on_conflict: Option<OnConflict>,
-    pub fingerprint: Option<Vec<Ident>>,
+    /// An expression of the arguments: `amount`, `ev.amount_cents`, `(cb.amount, cb.currency)`.
+    pub fingerprint: Option<Expr>,
     pub scope: Option<LitStr>,
     pub abort_on_lease_lost: Option<bool>,
     pub store: Option<Expr>,
@@ -103,21 +104,16 @@ impl Parse for Args {
                     });
                 }
                 "fingerprint" => {
-                    input.parse::<Token![=]>()?;
-                    let names = if input.peek(syn::token::Paren) {
-                        let inner;
-                        let parens = parenthesized!(inner in input);
-                        let names = inner.parse_terminated(Ident::parse, Token![,])?;
-                        if names.is_empty() {
-                            return Err(syn::Error::new(parens.span.join(), "name at least one argument"));
-                        }
-                        names.into_iter().collect()
-                    } else {
-                        vec![input.parse::<Ident>().map_err(|e| {
-                            syn::Error::new(e.span(), "expected an argument name or a tuple of them: `(a, b)`")
-                        })?]
-                    };
-                    args.fingerprint = Some(names);
+                    let payload: Expr = value(input, &name).map_err(|e| {
+                        syn::Error::new(
+                            e.span(),
+                            "expected an expression of the arguments: `amount`, `ev.amount_cents` or a tuple `(a, b.c)`",
+                        )
+                    })?;
+                    if matches!(&payload, Expr::Tuple(t) if t.elems.is_empty()) {
+                        return Err(syn::Error::new_spanned(&payload, "name at least one argument"));
+                    }
+                    args.fingerprint = Some(payload);
                 }
                 "scope" => {
                     let scope: LitStr = value(input, &name)?;

@@ -4,7 +4,7 @@
 use proc_macro2::{Span, TokenStream};
 use quote::{quote, quote_spanned, ToTokens};
 use syn::spanned::Spanned;
-use syn::{AttrStyle, FnArg, Ident, ItemFn, LitStr, Pat, ReturnType, Type};
+use syn::{AttrStyle, Expr, FnArg, Ident, ItemFn, LitStr, Pat, ReturnType, Type};
 
 use crate::args::{Args, Mode, OnConflict};
 use crate::template::{self, Piece};
@@ -57,19 +57,15 @@ fn rewrite(args: &Args, function: &ItemFn) -> syn::Result<TokenStream> {
         }
     };
 
-    // The names a template or fingerprint may use.
+    // The names a template or fingerprint may use: every binding of the arguments' patterns
+    // (`req` in `Json(req): Json<Req>`, as in `req: Req`).
     let has_self = sig.receiver().is_some();
-    let arguments: Vec<&Ident> = sig
-        .inputs
-        .iter()
-        .filter_map(|arg| match arg {
-            FnArg::Typed(typed) => match &*typed.pat {
-                Pat::Ident(pat) => Some(&pat.ident),
-                _ => None,
-            },
-            FnArg::Receiver(_) => None,
-        })
-        .collect();
+    let mut arguments: Vec<&Ident> = Vec::new();
+    for arg in &sig.inputs {
+        if let FnArg::Typed(typed) = arg {
+            bindings(&typed.pat, &mut arguments);
+        }
+    }
     let known = || {
         let mut names: Vec<String> = arguments.iter().map(|a| a.to_string()).collect();
         if has_self {
@@ -110,9 +106,10 @@ fn rewrite(args: &Args, function: &ItemFn) -> syn::Result<TokenStream> {
             None
         }
     };
-    if let Some(names) = &args.fingerprint {
-        for name in names {
-            if !arguments.contains(&name) {
+    if let Some(payload) = &args.fingerprint {
+        for name in roots(payload) {
+            let is_self = name == "self";
+            if (is_self && !has_self) || (!is_self && !arguments.contains(&name)) {
                 errors.push(syn::Error::new(
                     name.span(),
                     format!("`fingerprint` names `{name}`, which is not an argument; {}", known()),
@@ -172,10 +169,14 @@ fn rewrite(args: &Args, function: &ItemFn) -> syn::Result<TokenStream> {
         }
         None => {}
     }
-    if let Some(names) = &args.fingerprint {
-        let payload = match names.as_slice() {
-            [one] => quote_spanned!(one.span()=> &#one),
-            many => quote!(&(#(&#many),*)),
+    if let Some(payload) = &args.fingerprint {
+        // A tuple is fingerprinted as a tuple of references: nothing is moved or cloned.
+        let payload = match payload {
+            Expr::Tuple(tuple) => {
+                let elems = tuple.elems.iter();
+                quote_spanned!(tuple.span()=> &(#(&#elems),*))
+            }
+            one => quote_spanned!(one.span()=> &#one),
         };
         setters.extend(quote!(.fingerprint(#payload)));
     }
@@ -201,7 +202,7 @@ fn rewrite(args: &Args, function: &ItemFn) -> syn::Result<TokenStream> {
         #check
         let __idem_key = match #key {
             ::core::result::Result::Ok(key) => key,
-            ::core::result::Result::Err(e) => return ::core::result::Result::Err(::core::convert::From::from(e)),
+            ::core::result::Result::Err(e) => return ::core::result::Result::Err(#private::error_into(e)),
         };
         let __idem_call = #constructor #setters;
         #run
@@ -210,6 +211,41 @@ fn rewrite(args: &Args, function: &ItemFn) -> syn::Result<TokenStream> {
         #(#outer)*
         #vis #sig #body
     })
+}
+
+/// The names `pat` binds: `x` in `x`, `Json(x)`, `State(App { db: x, .. })`, `(a, b)`, `&x`.
+fn bindings<'a>(pat: &'a Pat, out: &mut Vec<&'a Ident>) {
+    match pat {
+        Pat::Ident(p) => {
+            out.push(&p.ident);
+            if let Some((_, sub)) = &p.subpat {
+                bindings(sub, out);
+            }
+        }
+        Pat::Tuple(t) => t.elems.iter().for_each(|p| bindings(p, out)),
+        Pat::TupleStruct(t) => t.elems.iter().for_each(|p| bindings(p, out)),
+        Pat::Struct(s) => s.fields.iter().for_each(|f| bindings(&f.pat, out)),
+        Pat::Reference(r) => bindings(&r.pat, out),
+        Pat::Slice(s) => s.elems.iter().for_each(|p| bindings(p, out)),
+        Pat::Paren(p) => bindings(&p.pat, out),
+        Pat::Type(t) => bindings(&t.pat, out),
+        _ => {}
+    }
+}
+
+/// The names a fingerprint expression starts from: `ev` in `ev.amount_cents`, `a` and `b` in
+/// `(a, b.c)`, `req` in `req.total()`. Other forms are left to the compiler.
+fn roots(expr: &Expr) -> Vec<&Ident> {
+    match expr {
+        Expr::Path(p) if p.qself.is_none() && p.path.segments.len() == 1 => vec![&p.path.segments[0].ident],
+        Expr::Field(f) => roots(&f.base),
+        Expr::MethodCall(m) => roots(&m.receiver),
+        Expr::Index(i) => roots(&i.expr),
+        Expr::Reference(r) => roots(&r.expr),
+        Expr::Paren(p) => roots(&p.expr),
+        Expr::Tuple(t) => t.elems.iter().flat_map(roots).collect(),
+        _ => Vec::new(),
+    }
 }
 
 /// What an `#[idempotent]` function must return.
@@ -355,7 +391,7 @@ mod tests {
                     .finish()
                 {
                     ::core::result::Result::Ok(key) => key,
-                    ::core::result::Result::Err(e) => return ::core::result::Result::Err(::core::convert::From::from(e)),
+                    ::core::result::Result::Err(e) => return ::core::result::Result::Err(::idempotency::__private::error_into(e)),
                 };
                 let __idem_call = ::idempotency::__private::Call::new(__idem_key)
                     .scope(::core::concat!(::core::module_path!(), "::on_payment_callback"))

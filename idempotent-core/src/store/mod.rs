@@ -35,6 +35,18 @@ pub use future::{BoxFuture, StoreFuture};
 pub use view::{Forgotten, Inspected, RecordState, RecordView, ScanPage};
 
 /// What [`Store::follow_purges`] reports.
+///
+/// ```
+/// use std::sync::Arc;
+/// use idempotency::store::{PurgeEvent, PurgeHandler};
+///
+/// let handler: PurgeHandler = Arc::new(|event| match event {
+///     PurgeEvent::Forgotten(key) => println!("drop the cached copy of {key}"),
+///     PurgeEvent::Missed => println!("drop everything, cache nothing"),
+///     PurgeEvent::Following => println!("cache again"),
+/// });
+/// # let _ = handler;
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PurgeEvent<'a> {
     /// The record of this full key was forgotten (by any process): a cached copy must go.
@@ -72,6 +84,21 @@ pub struct AcquireRequest<'a> {
 }
 
 /// What [`Store::acquire`] found.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use std::time::Duration;
+/// use idempotency::store::{AcquireOutcome, AcquireRequest};
+/// use idempotency::{MemoryStore, Store};
+///
+/// let store = MemoryStore::new();
+/// let request = |owner| AcquireRequest {
+///     key: "k", owner, lease: Duration::from_secs(5), fingerprint: None, will_wait: false, report_ttl: true,
+/// };
+/// assert!(matches!(store.acquire(request("a")).await.unwrap(), AcquireOutcome::Acquired { .. }));
+/// assert!(matches!(store.acquire(request("b")).await.unwrap(), AcquireOutcome::InProgress { .. }));
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AcquireOutcome {
     /// The key is now held by the requesting owner (also when it already was: a re-sent
@@ -124,6 +151,17 @@ pub struct CommitRequest<'a> {
 }
 
 /// What a commit or release found.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use idempotency::store::Transition;
+/// use idempotency::{MemoryStore, Store};
+///
+/// let store = MemoryStore::new();
+/// // Releasing a key nobody holds is done already; releasing twice is done twice.
+/// assert_eq!(store.release("k", "me").await.unwrap(), Transition::Done);
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Transition {
     /// Done (also when it had been done already by the same owner).
@@ -158,6 +196,42 @@ pub struct Lease<'a> {
 ///
 /// Each method returns a [`StoreFuture`]: `StoreFuture::ready(answer)` when the store has the
 /// answer at once (no allocation), `StoreFuture::new(async move { .. })` when it must wait.
+///
+/// A store that counts the renewals of another, as a wrapper (the operator methods, `abandon`
+/// and `call_timeout` have defaults):
+///
+/// ```
+/// use std::sync::atomic::{AtomicUsize, Ordering};
+/// use std::time::Duration;
+/// use idempotency::store::{
+///     AcquireOutcome, AcquireRequest, CommitRequest, Lease, StoreFuture, Transition, Watcher,
+/// };
+/// use idempotency::{Idempotency, MemoryStore, Store, StoreError};
+///
+/// struct Counting { inner: MemoryStore, renewals: AtomicUsize }
+///
+/// impl Store for Counting {
+///     fn acquire<'a>(&'a self, r: AcquireRequest<'a>) -> StoreFuture<'a, Result<AcquireOutcome, StoreError>> {
+///         self.inner.acquire(r)
+///     }
+///     fn renew<'a>(&'a self, leases: &'a [Lease<'a>]) -> StoreFuture<'a, Result<Vec<bool>, StoreError>> {
+///         self.renewals.fetch_add(1, Ordering::Relaxed);
+///         // A store that must wait boxes its future instead: StoreFuture::new(async move { .. }).
+///         self.inner.renew(leases)
+///     }
+///     fn commit<'a>(&'a self, r: CommitRequest<'a>) -> StoreFuture<'a, Result<Transition, StoreError>> {
+///         self.inner.commit(r)
+///     }
+///     fn release<'a>(&'a self, key: &'a str, owner: &'a str) -> StoreFuture<'a, Result<Transition, StoreError>> {
+///         self.inner.release(key, owner)
+///     }
+///     fn watch<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Result<Watcher, StoreError>> {
+///         self.inner.watch(key)
+///     }
+/// }
+///
+/// let idem = Idempotency::new(Counting { inner: MemoryStore::new(), renewals: AtomicUsize::new(0) });
+/// ```
 pub trait Store: Send + Sync + 'static {
     /// Absent → IN_PROGRESS held by `owner` with a lease. IN_PROGRESS already held by `owner` (a re-sent acquire) → `Acquired` with a fencing token
     /// as good as the first: the same one, or one stamped later while `owner` holds the key.

@@ -7,6 +7,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::Serialize;
 
 /// The state of a record.
+///
+/// ```
+/// use idempotency::store::RecordState;
+///
+/// assert_eq!(RecordState::InProgress.to_string(), "in_progress");
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RecordState {
@@ -102,6 +108,20 @@ impl RecordView {
 }
 
 /// What a key holds, read by [`Store::inspect`](super::Store::inspect).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use idempotency::store::Inspected;
+/// use idempotency::{Idempotency, MemoryStore};
+///
+/// let idem = Idempotency::new(MemoryStore::new());
+/// match idem.inspect("orders", "42").await.unwrap() {
+///     Inspected::Absent => println!("never ran, or forgotten"),
+///     Inspected::Record(view) => println!("{}: {}", view.key, view.state),
+///     Inspected::Foreign { reason } => println!("not ours: {reason}"),
+/// }
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Inspected {
     /// No record.
@@ -117,6 +137,16 @@ pub enum Inspected {
 }
 
 /// What [`Store::forget`](super::Store::forget) did.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use idempotency::store::Forgotten;
+/// use idempotency::{Force, Idempotency, MemoryStore};
+///
+/// let idem = Idempotency::new(MemoryStore::new());
+/// assert_eq!(idem.forget("orders", "42", Force::CompletedOnly).await.unwrap(), Forgotten::Absent);
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Forgotten {
     /// The record was deleted; it was in this state.

@@ -1,0 +1,383 @@
+//! Error responses as RFC 9457 problem details (`application/problem+json`), one kind per way a
+//! request can be refused, and the one mapping from [`Error`] to them (feature `axum`), used by
+//! `Error`'s `IntoResponse` and by the HTTP layer alike.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use http::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
+use http::{Response, StatusCode};
+use serde::Serialize;
+
+use crate::error::Error;
+
+/// The media type of problem details.
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// Where the problem types are documented: `docs/http.md` of the repository, one section per
+/// type. A problem's `type` is this plus `#` and its [`ProblemKind::slug`].
+pub const PROBLEM_TYPE_BASE: &str = "https://github.com/idempotent-rs/idempotent/blob/main/docs/http.md";
+
+/// The ways the layer refuses a request, each with its status code and problem type.
+///
+/// ```
+/// use idempotency::problem::ProblemKind;
+///
+/// assert_eq!(ProblemKind::InFlight.status(), 409);
+/// assert!(ProblemKind::InFlight.type_uri().ends_with("#in-flight"));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ProblemKind {
+    /// 400: the route requires an `Idempotency-Key` and the request has none.
+    MissingKey,
+    /// 400: the header is not one structured-field string, or the key is empty or too long.
+    MalformedKey,
+    /// 400: token mode, and the key is not a token this client was issued (made up, tampered
+    /// with, or expired).
+    InvalidToken,
+    /// 403: the client-scope extractor found no client in the request.
+    UnidentifiedClient,
+    /// 409: a request with the same key is still being processed.
+    InFlight,
+    /// 409: a request with this key completed, but its response was too large to keep for
+    /// replay; it is not run again.
+    NotReplayable,
+    /// 409: a request with this key completed and the endpoint rejects duplicates
+    /// (`on_duplicate = reject`); it is not run again.
+    Duplicate,
+    /// 400: the request's options or inputs are out of range (a fingerprint payload over its
+    /// limit, say).
+    InvalidCall,
+    /// 413: the request body is larger than the layer reads to fingerprint it.
+    RequestTooLarge,
+    /// 422: the key was used before for a different request (method, path or body).
+    KeyReused,
+    /// 400: the request body could not be read.
+    UnreadableBody,
+    /// 502: the handler's response body failed while being read.
+    UnreadableResponse,
+    /// 503: the idempotency store is unreachable or timed out; nothing was run.
+    StoreUnavailable,
+    /// 503: the request ran and its response was stored, but the store could not confirm it
+    /// durable (too few replicas acknowledged it); a retry with the same key gets the stored
+    /// response unless a failover lost it.
+    Unconfirmed,
+    /// 500: anything else (a stored response that no longer decodes, a corrupt record).
+    Internal,
+}
+
+impl ProblemKind {
+    /// The status code.
+    pub fn status(self) -> StatusCode {
+        match self {
+            ProblemKind::MissingKey
+            | ProblemKind::MalformedKey
+            | ProblemKind::InvalidToken
+            | ProblemKind::UnreadableBody
+            | ProblemKind::InvalidCall => StatusCode::BAD_REQUEST,
+            ProblemKind::UnidentifiedClient => StatusCode::FORBIDDEN,
+            ProblemKind::InFlight | ProblemKind::NotReplayable | ProblemKind::Duplicate => StatusCode::CONFLICT,
+            ProblemKind::RequestTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ProblemKind::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
+            ProblemKind::UnreadableResponse => StatusCode::BAD_GATEWAY,
+            ProblemKind::StoreUnavailable | ProblemKind::Unconfirmed => StatusCode::SERVICE_UNAVAILABLE,
+            ProblemKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The short name: the anchor of the problem type's documentation.
+    pub fn slug(self) -> &'static str {
+        match self {
+            ProblemKind::MissingKey => "missing-key",
+            ProblemKind::MalformedKey => "malformed-key",
+            ProblemKind::InvalidToken => "invalid-token",
+            ProblemKind::UnidentifiedClient => "unidentified-client",
+            ProblemKind::InFlight => "in-flight",
+            ProblemKind::NotReplayable => "not-replayable",
+            ProblemKind::Duplicate => "duplicate",
+            ProblemKind::InvalidCall => "invalid-call",
+            ProblemKind::RequestTooLarge => "request-too-large",
+            ProblemKind::KeyReused => "key-reused",
+            ProblemKind::UnreadableBody => "unreadable-body",
+            ProblemKind::UnreadableResponse => "unreadable-response",
+            ProblemKind::StoreUnavailable => "store-unavailable",
+            ProblemKind::Unconfirmed => "unconfirmed",
+            ProblemKind::Internal => "internal",
+        }
+    }
+
+    /// The title: the same for every occurrence of the kind.
+    pub fn title(self) -> &'static str {
+        match self {
+            ProblemKind::MissingKey => "Idempotency-Key is missing",
+            ProblemKind::MalformedKey => "Idempotency-Key is malformed",
+            ProblemKind::InvalidToken => "Idempotency token is not valid",
+            ProblemKind::UnidentifiedClient => "Client could not be identified",
+            ProblemKind::InFlight => "A request with this Idempotency-Key is being processed",
+            ProblemKind::NotReplayable => "The response to this Idempotency-Key cannot be replayed",
+            ProblemKind::Duplicate => "This request was already made",
+            ProblemKind::InvalidCall => "The request's options are out of range",
+            ProblemKind::RequestTooLarge => "Request body too large",
+            ProblemKind::KeyReused => "Idempotency-Key reused for a different request",
+            ProblemKind::UnreadableBody => "Request body could not be read",
+            ProblemKind::UnreadableResponse => "Response body could not be read",
+            ProblemKind::StoreUnavailable => "Idempotency store unavailable",
+            ProblemKind::Unconfirmed => "The request ran; its stored response is not confirmed durable",
+            ProblemKind::Internal => "Idempotency layer error",
+        }
+    }
+
+    /// The problem type URI.
+    pub fn type_uri(self) -> String {
+        format!("{PROBLEM_TYPE_BASE}#{}", self.slug())
+    }
+}
+
+/// A problem details object (RFC 9457 §3): `type`, `title`, `status`, `detail`.
+///
+/// ```
+/// use idempotency::problem::{Problem, ProblemKind};
+///
+/// let p = Problem::new(ProblemKind::KeyReused, "the key was first used for POST /orders with another body");
+/// assert_eq!(p.status, 422);
+/// let json = serde_json::to_value(&p).unwrap();
+/// assert_eq!(json["title"], "Idempotency-Key reused for a different request");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct Problem {
+    /// A URI naming the problem type; it leads to its documentation.
+    #[serde(rename = "type")]
+    pub type_uri: String,
+    /// A short summary of the problem type.
+    pub title: String,
+    /// The HTTP status code.
+    pub status: u16,
+    /// What happened to this request.
+    pub detail: String,
+    #[serde(skip)]
+    kind: Option<ProblemKind>,
+    /// When to retry, in seconds (`Retry-After`), for the kinds that have one.
+    #[serde(skip)]
+    retry_after: Option<u64>,
+}
+
+impl Problem {
+    /// A problem of `kind` with a `detail` about this occurrence.
+    pub fn new(kind: ProblemKind, detail: impl Into<String>) -> Self {
+        let retry_after = matches!(kind, ProblemKind::InFlight | ProblemKind::Unconfirmed).then_some(1);
+        Problem {
+            type_uri: kind.type_uri(),
+            title: kind.title().to_owned(),
+            status: kind.status().as_u16(),
+            detail: detail.into(),
+            kind: Some(kind),
+            retry_after,
+        }
+    }
+
+    /// The `Retry-After` the response carries, in whole seconds (at least 1), for a kind that
+    /// has one.
+    pub fn retry_after(mut self, after: Duration) -> Self {
+        if self.retry_after.is_some() {
+            self.retry_after = Some(after.as_secs_f64().ceil().max(1.0) as u64);
+        }
+        self
+    }
+
+    /// The problem that answers `error`: the one mapping of the library's errors to HTTP, used
+    /// by `Error`'s `IntoResponse` and by the HTTP layer.
+    ///
+    /// | error | status | type |
+    /// |---|---|---|
+    /// | `Conflict` | 409, `Retry-After` from the holder's lease when known | in-flight |
+    /// | `Timeout` (waited, still in flight) | 409, `Retry-After: 1` | in-flight |
+    /// | `Duplicate` (rejected by policy) | 409 | duplicate |
+    /// | `Duplicate` (not replayable) | 409 | not-replayable |
+    /// | `KeyReused` | 422 | key-reused |
+    /// | `InvalidToken` | 400 | invalid-token |
+    /// | `InvalidKey` | 400 | malformed-key |
+    /// | `InvalidCall` | 400 | invalid-call |
+    /// | `Store`, `LeaseLost` | 503 | store-unavailable |
+    /// | `Unconfirmed` | 503, `Retry-After: 1` | unconfirmed |
+    /// | `Codec`, `Corrupt`, `NotConfigured` | 500 | internal |
+    ///
+    /// ```
+    /// use idempotency::problem::{Problem, ProblemKind};
+    /// use idempotency::Error;
+    ///
+    /// let p = Problem::for_error(&Error::KeyReused { key: "k".into() });
+    /// assert_eq!((p.status, p.kind()), (422, Some(ProblemKind::KeyReused)));
+    /// ```
+    pub fn for_error(error: &Error) -> Problem {
+        match error {
+            Error::Conflict { retry_after, .. } => {
+                let p = Problem::new(
+                    ProblemKind::InFlight,
+                    "a request with this key is still being processed; retry later to get its response",
+                );
+                match retry_after {
+                    Some(after) => p.retry_after(*after),
+                    None => p,
+                }
+            }
+            Error::Timeout { waited, .. } => Problem::new(
+                ProblemKind::InFlight,
+                format!("a request with this key is still being processed after waiting {waited:?}; retry later"),
+            ),
+            Error::KeyReused { .. } => Problem::new(
+                ProblemKind::KeyReused,
+                "this key was first used for a request with a different payload (method, path or body)",
+            ),
+            Error::Duplicate { replayable: false, .. } => Problem::new(
+                ProblemKind::NotReplayable,
+                "a request with this key completed, but its response was too large to keep for replay; it is not run \
+                 again",
+            ),
+            Error::Duplicate { .. } => {
+                Problem::new(ProblemKind::Duplicate, "a request with this key completed; it is not run again")
+            }
+            Error::InvalidToken { .. } => {
+                Problem::new(ProblemKind::InvalidToken, "the token is not one issued to this client, or it expired")
+            }
+            Error::InvalidKey { reason, .. } => {
+                Problem::new(ProblemKind::MalformedKey, format!("the key is refused: {reason}"))
+            }
+            Error::InvalidCall { reason, .. } => Problem::new(ProblemKind::InvalidCall, reason.clone()),
+            Error::Store { source, .. } => Problem::new(
+                ProblemKind::StoreUnavailable,
+                format!("the idempotency store failed ({}); nothing ran, retry later", source.kind()),
+            ),
+            Error::LeaseLost { .. } => Problem::new(
+                ProblemKind::StoreUnavailable,
+                "the idempotency lease was lost while the request ran; retry later",
+            ),
+            Error::Unconfirmed { source, .. } => Problem::new(
+                ProblemKind::Unconfirmed,
+                format!(
+                    "the request ran and its response was stored, but the store could not confirm it is durable \
+                     ({source}); retry with the same key to get the stored response"
+                ),
+            ),
+            _ => Problem::new(ProblemKind::Internal, "the idempotency layer failed; see the server log"),
+        }
+    }
+
+    /// The kind, when built by [`Problem::new`].
+    pub fn kind(&self) -> Option<ProblemKind> {
+        self.kind
+    }
+
+    /// The response: the status, `Content-Type: application/problem+json`, `Cache-Control:
+    /// no-store`, and for a request in flight or an unconfirmed result `Retry-After` (1 s unless
+    /// the holder's lease says more).
+    pub fn into_response(self) -> Response<Body> {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let body = serde_json::to_vec(&self).unwrap_or_else(|_| b"{}".to_vec());
+        let mut response = Response::new(Body::from(body));
+        *response.status_mut() = status;
+        let headers = response.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        if let Some(secs) = self.retry_after {
+            headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
+    }
+}
+
+impl axum::response::IntoResponse for Problem {
+    fn into_response(self) -> axum::response::Response {
+        Problem::into_response(self)
+    }
+}
+
+/// The library's errors as responses (feature `axum`): a handler returning
+/// `Result<T, idempotency::Error>`, or an error type wrapping it, answers with the problem of
+/// [`Problem::for_error`].
+impl axum::response::IntoResponse for Error {
+    fn into_response(self) -> axum::response::Response {
+        Problem::for_error(&self).into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_is_consistent() {
+        let kinds = [
+            ProblemKind::MissingKey,
+            ProblemKind::MalformedKey,
+            ProblemKind::InvalidToken,
+            ProblemKind::UnidentifiedClient,
+            ProblemKind::InFlight,
+            ProblemKind::NotReplayable,
+            ProblemKind::Duplicate,
+            ProblemKind::InvalidCall,
+            ProblemKind::RequestTooLarge,
+            ProblemKind::KeyReused,
+            ProblemKind::UnreadableBody,
+            ProblemKind::UnreadableResponse,
+            ProblemKind::StoreUnavailable,
+            ProblemKind::Unconfirmed,
+            ProblemKind::Internal,
+        ];
+        let mut slugs: Vec<_> = kinds.iter().map(|k| k.slug()).collect();
+        slugs.sort_unstable();
+        slugs.dedup();
+        assert_eq!(slugs.len(), kinds.len());
+        for k in kinds {
+            let r = Problem::new(k, "d").into_response();
+            assert_eq!(r.status(), k.status());
+            assert_eq!(r.headers()[CONTENT_TYPE], PROBLEM_JSON);
+        }
+    }
+
+    /// Every error's response: status, content type, body; `Retry-After` from the holder's lease.
+    #[tokio::test]
+    async fn every_error_answers_with_its_problem() {
+        use crate::error::{StoreError, StoreErrorKind};
+        use axum::response::IntoResponse;
+        use http_body_util::BodyExt;
+
+        let store = || StoreError::new(StoreErrorKind::Unavailable, "connection refused");
+        let k = || "orders:7".to_owned();
+        let cases: Vec<(Error, u16, &str)> = vec![
+            (Error::Conflict { key: k(), retry_after: Some(Duration::from_millis(2500)) }, 409, "in-flight"),
+            (Error::Timeout { key: k(), waited: Duration::from_secs(5) }, 409, "in-flight"),
+            (Error::Duplicate { key: k(), replayable: true }, 409, "duplicate"),
+            (Error::Duplicate { key: k(), replayable: false }, 409, "not-replayable"),
+            (Error::KeyReused { key: k() }, 422, "key-reused"),
+            (Error::InvalidToken { key: k() }, 400, "invalid-token"),
+            (Error::InvalidKey { key: k(), reason: "empty".into() }, 400, "malformed-key"),
+            (Error::InvalidCall { key: k(), reason: "too large".into() }, 400, "invalid-call"),
+            (Error::Store { key: k(), source: store() }, 503, "store-unavailable"),
+            (Error::LeaseLost { key: k(), reason: "expired".into() }, 503, "store-unavailable"),
+            (Error::Unconfirmed { key: k(), source: store() }, 503, "unconfirmed"),
+            (Error::Codec { key: k(), message: "bad".into() }, 500, "internal"),
+            (Error::Corrupt { key: k(), reason: "foreign".into() }, 500, "internal"),
+            (Error::NotConfigured { key: k() }, 500, "internal"),
+        ];
+        for (error, status, slug) in cases {
+            let shown = error.to_string();
+            let response = error.into_response();
+            assert_eq!(response.status().as_u16(), status, "{shown}");
+            assert_eq!(response.headers()[CONTENT_TYPE], PROBLEM_JSON, "{shown}");
+            let retry = response.headers().get(RETRY_AFTER).map(|v| v.to_str().unwrap().to_owned());
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            assert!(json["type"].as_str().unwrap().ends_with(&format!("#{slug}")), "{shown}: {json}");
+            assert_eq!(json["status"], status);
+            assert!(!json["title"].as_str().unwrap().is_empty() && !json["detail"].as_str().unwrap().is_empty());
+            assert!(!json.to_string().contains("orders:7"), "the key is in the body: {json}");
+            match slug {
+                "in-flight" if shown.contains("in progress after") => assert_eq!(retry.as_deref(), Some("1")),
+                "in-flight" => assert_eq!(retry.as_deref(), Some("3"), "the holder's 2.5 s lease, rounded up"),
+                "unconfirmed" => assert_eq!(retry.as_deref(), Some("1")),
+                _ => assert_eq!(retry, None, "{shown}"),
+            }
+        }
+    }
+}
