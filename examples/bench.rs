@@ -242,7 +242,7 @@ impl Bench {
     /// The exact round trips of the path a case measures ("first, store alone" is a first
     /// execution).
     fn exact_round_trips(&self, case: &str) -> f64 {
-        if case.ends_with("cached") {
+        if case.contains("cached") {
             return 0.0;
         }
         let path = if case.starts_with("first") { "first execution" } else { case };
@@ -303,6 +303,89 @@ impl Bench {
 }
 
 type R<T> = Result<T, Error>;
+
+/// A subscriber and a recorder as a service would install them (`fmt` at `INFO`, a line per
+/// closed span, written to a sink; the Prometheus recorder, its upkeep run every 5 s), switched
+/// on for the "+ telemetry" cases only. Off, the subscriber's level filter is `OFF` (every
+/// callsite disabled, as with no subscriber) and the recorder hands out no-op handles (as with
+/// no recorder).
+struct Telemetry {
+    level: tracing_subscriber::reload::Handle<tracing_subscriber::filter::LevelFilter, tracing_subscriber::Registry>,
+    metrics: Arc<AtomicBool>,
+}
+
+/// The Prometheus recorder, or no-op handles while off.
+struct Toggled {
+    on: Arc<AtomicBool>,
+    inner: metrics_exporter_prometheus::PrometheusRecorder,
+}
+
+impl metrics::Recorder for Toggled {
+    fn describe_counter(&self, key: metrics::KeyName, unit: Option<metrics::Unit>, text: metrics::SharedString) {
+        self.inner.describe_counter(key, unit, text)
+    }
+    fn describe_gauge(&self, key: metrics::KeyName, unit: Option<metrics::Unit>, text: metrics::SharedString) {
+        self.inner.describe_gauge(key, unit, text)
+    }
+    fn describe_histogram(&self, key: metrics::KeyName, unit: Option<metrics::Unit>, text: metrics::SharedString) {
+        self.inner.describe_histogram(key, unit, text)
+    }
+    fn register_counter(&self, key: &metrics::Key, meta: &metrics::Metadata<'_>) -> metrics::Counter {
+        if self.on.load(Ordering::Relaxed) {
+            self.inner.register_counter(key, meta)
+        } else {
+            metrics::Counter::noop()
+        }
+    }
+    fn register_gauge(&self, key: &metrics::Key, meta: &metrics::Metadata<'_>) -> metrics::Gauge {
+        if self.on.load(Ordering::Relaxed) {
+            self.inner.register_gauge(key, meta)
+        } else {
+            metrics::Gauge::noop()
+        }
+    }
+    fn register_histogram(&self, key: &metrics::Key, meta: &metrics::Metadata<'_>) -> metrics::Histogram {
+        if self.on.load(Ordering::Relaxed) {
+            self.inner.register_histogram(key, meta)
+        } else {
+            metrics::Histogram::noop()
+        }
+    }
+}
+
+impl Telemetry {
+    fn install() -> Telemetry {
+        use tracing_subscriber::layer::SubscriberExt;
+        let (level, handle) = tracing_subscriber::reload::Layer::new(tracing_subscriber::filter::LevelFilter::OFF);
+        let fmt = tracing_subscriber::fmt::layer()
+            .with_writer(std::io::sink)
+            .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE);
+        tracing::subscriber::set_global_default(tracing_subscriber::registry().with(level).with(fmt))
+            .expect("the only subscriber");
+        let on = Arc::new(AtomicBool::new(false));
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let upkeep = recorder.handle();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                upkeep.run_upkeep();
+            }
+        });
+        metrics::set_global_recorder(Toggled { on: on.clone(), inner: recorder }).expect("the only recorder");
+        idempotency::telemetry::describe_metrics();
+        Telemetry { level: handle, metrics: on }
+    }
+
+    fn set(&self, on: bool) {
+        let level = if on {
+            tracing_subscriber::filter::LevelFilter::INFO
+        } else {
+            tracing_subscriber::filter::LevelFilter::OFF
+        };
+        self.level.reload(level).expect("the subscriber is alive");
+        self.metrics.store(on, Ordering::Relaxed);
+    }
+}
 
 /// Replays of the 1,000 keys `replay:{i}` completed beforehand: true when the stored value came
 /// back.
@@ -741,6 +824,7 @@ async fn run(o: Options) {
         return;
     }
 
+    let telemetry = Telemetry::install();
     let secs = Duration::from_millis(if o.short { 1000 } else { 2000 });
     let concurrencies: &[usize] = if o.short { &[1, 32] } else { &[1, 32, 256] };
     // Client and Redis share two cores with whatever else the machine runs: every Redis case
@@ -795,6 +879,21 @@ async fn run(o: Options) {
             })
             .await;
         bench.ratio(first, naive_first);
+        telemetry.set(true);
+        let idem = redis.clone();
+        let observed = bench
+            .case("first execution + telemetry", "redis", c, move |t, i| {
+                let idem = idem.clone();
+                async move {
+                    let r: R<Receipt> = idem
+                        .run(Call::new(format!("observed:{round}:{c}:{t}:{i}")), || async move { Ok(receipt(i)) })
+                        .await;
+                    r.is_ok()
+                }
+            })
+            .await;
+        telemetry.set(false);
+        bench.ratio(observed, first);
         // The same two transitions through the store alone, without the runtime around them:
         // what the runtime itself costs.
         let st = store.clone();
@@ -842,6 +941,10 @@ async fn run(o: Options) {
         bench.ratio(replay, naive_replay);
         let hot = bench.case("replay, cached", "redis", c, replay_op(cached.clone())).await;
         bench.ratio(hot, naive_replay);
+        telemetry.set(true);
+        let observed = bench.case("replay, cached + telemetry", "redis", c, replay_op(cached.clone())).await;
+        telemetry.set(false);
+        bench.ratio(observed, hot);
         let idem = redis.clone();
         let conflict = bench
             .case("conflict", "redis", c, move |_, i| {

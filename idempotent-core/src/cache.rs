@@ -11,6 +11,8 @@ use std::sync::{Arc, Mutex};
 
 use tokio::time::Instant;
 
+use crate::telemetry::record;
+
 const SHARDS: usize = 16;
 
 /// A completed result as cached.
@@ -71,6 +73,7 @@ impl ReplayCache {
     pub(crate) fn clear(&self) {
         for shard in &self.shards {
             let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());
+            record::cache_entries(-(shard.map.len() as f64));
             shard.map.clear();
             shard.order.clear();
         }
@@ -94,12 +97,19 @@ impl ReplayCache {
         }
         let entry = Cached { fingerprint: fingerprint.map(Arc::from), result: Arc::from(result), expires_at };
         let mut shard = self.shard(key);
+        let mut added = 0.0;
         if shard.map.insert(key.to_owned(), entry).is_none() {
             shard.order.push_back(key.to_owned());
+            added += 1.0;
         }
         while shard.map.len() > shard.capacity {
             let Some(oldest) = shard.order.pop_front() else { break };
             shard.map.remove(&oldest);
+            added -= 1.0;
+        }
+        drop(shard);
+        if added != 0.0 {
+            record::cache_entries(added);
         }
     }
 }

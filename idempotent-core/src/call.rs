@@ -210,6 +210,11 @@ impl Call {
         }
     }
 
+    /// The call's scope as spans and metrics show it: what goes before the key in the full key.
+    pub(crate) fn scope_str(&self) -> Option<&str> {
+        self.key_prefix()
+    }
+
     /// What goes before the key in the full key, if anything.
     fn key_prefix(&self) -> Option<&str> {
         match (&self.scope, self.mode) {

@@ -37,6 +37,8 @@ struct Inner {
     /// The attempt holding the key.
     owner: OwnerId,
     fence: u64,
+    /// How many acquires this call sent before it held the key.
+    attempt: u32,
     /// What showed the lease lost, once it is.
     lost: OnceLock<&'static str>,
     /// Wakes the call when the lease is lost.
@@ -44,9 +46,16 @@ struct Inner {
 }
 
 impl CallContext {
-    pub(crate) fn new(key: String, owner: OwnerId, fence: u64) -> Self {
+    pub(crate) fn new(key: String, owner: OwnerId, fence: u64, attempt: u32) -> Self {
         CallContext {
-            inner: Arc::new(Inner { key, owner, fence, lost: OnceLock::new(), on_lost: tokio::sync::Notify::new() }),
+            inner: Arc::new(Inner {
+                key,
+                owner,
+                fence,
+                attempt,
+                lost: OnceLock::new(),
+                on_lost: tokio::sync::Notify::new(),
+            }),
         }
     }
 
@@ -71,6 +80,25 @@ impl CallContext {
     /// holder's writes.
     pub fn fence(&self) -> u64 {
         self.inner.fence
+    }
+
+    /// Which acquire of this call got the key: 1, or more when the call waited for another
+    /// holder (`OnConflict::Wait`) that released the key without completing it, so that this
+    /// call runs the body in its place.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use idempotency::{Call, CallContext, Error, Idempotency, MemoryStore};
+    ///
+    /// let idem = Idempotency::new(MemoryStore::new());
+    /// let attempt = idem
+    ///     .run(Call::new("k"), || async { Ok::<_, Error>(CallContext::current().unwrap().attempt()) })
+    ///     .await;
+    /// assert_eq!(attempt.unwrap(), 1);
+    /// # }
+    /// ```
+    pub fn attempt(&self) -> u32 {
+        self.inner.attempt
     }
 
     /// Whether the lease is known lost: another caller may be running the same key.

@@ -36,8 +36,9 @@ pub enum Error {
     Conflict {
         /// The key.
         key: String,
-        /// When the holder's lease runs out unless it is renewed, when the store said: a hint for
-        /// when to retry (HTTP's `Retry-After`).
+        /// How long until the holder's lease runs out unless it is renewed, when the store said:
+        /// the longest a holder that crashed can keep the key (a live holder renews its lease,
+        /// and usually finishes far sooner).
         retry_after: Option<Duration>,
     },
     /// The key has completed before and the policy is to reject duplicates, or its stored result

@@ -48,6 +48,7 @@ mod lock;
 pub mod problem;
 mod runtime;
 pub mod store;
+pub mod telemetry;
 mod token;
 mod watchdog;
 #[cfg(feature = "axum")]
@@ -64,7 +65,7 @@ pub use global::{global, init, Global};
 pub use key::KeyBuilder;
 pub use lock::{LockGuard, LockRequest, LOCK_SCOPE};
 pub use runtime::{
-    Completed, Force, Idempotency, IdempotencyBuilder, ScanFilter, DEFAULT_KEEP, DEFAULT_MAX_RESULT_BYTES,
+    Completed, Force, Idempotency, IdempotencyBuilder, Outcome, ScanFilter, DEFAULT_KEEP, DEFAULT_MAX_RESULT_BYTES,
     DEFAULT_MAX_WAITERS_PER_KEY, DEFAULT_TTL, RUNTIME_ENV_VARS,
 };
 pub use store::memory::MemoryStore;

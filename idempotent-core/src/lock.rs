@@ -10,7 +10,8 @@ use crate::call::OnConflict;
 use crate::context::CallContext;
 use crate::error::Error;
 use crate::ids;
-use crate::runtime::{Idempotency, Taken};
+use crate::runtime::{Idempotency, Taken, Track};
+use crate::telemetry::logged_key;
 use crate::watchdog::Registration;
 
 /// The scope of locks' keys unless one is given: apart from guarded calls' keys.
@@ -62,9 +63,11 @@ impl<'a> LockRequest<'a> {
         let lease = self.ttl.unwrap_or_else(|| self.idem.default_ttl());
         crate::call::check_lock_key(&key, &self.key, lease)?;
         let owner = ids::owner_id();
-        match self.idem.take(&key, owner, lease, None, on_conflict).await? {
+        let mut track = Track::default();
+        match self.idem.take(&key, owner, lease, None, on_conflict, &mut track).await? {
             Taken::Held { fence, sent } => {
-                let context = CallContext::new(key, owner, fence);
+                tracing::debug!(key = %logged_key(&key), fence, "idempotency lock taken");
+                let context = CallContext::new(key, owner, fence, track.attempts());
                 let registration = self.idem.watch_lease(lease, sent, context.clone());
                 Ok(LockGuard { idem: self.idem.clone(), context, lease, registration: Some(registration) })
             }
@@ -129,7 +132,7 @@ impl LockGuard {
         self.registration.take();
         let started = Instant::now();
         let outcome = self.idem.release_key(self.context.key(), self.context.owner(), self.lease).await;
-        tracing::debug!(key = %self.context.key(), took = ?started.elapsed(), "lock released");
+        tracing::debug!(key = %logged_key(self.context.key()), took = ?started.elapsed(), "lock released");
         outcome
     }
 }

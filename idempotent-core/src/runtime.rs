@@ -22,6 +22,7 @@ use crate::store::{
     AcquireOutcome, AcquireRequest, CommitRequest, Forgotten, Inspected, PurgeEvent, PurgeHandler, RecordState,
     ScanPage, Store, Transition, Watcher,
 };
+use crate::telemetry::{self, CallOutcome};
 use crate::token::TokenKeys;
 use crate::watchdog::{Registration, Watchdog};
 
@@ -219,6 +220,7 @@ impl IdempotencyBuilder {
     /// The runtime. With a replay cache, it starts following the store's purges here (from a
     /// task of the current tokio runtime, for a store that must wait).
     pub fn build(self) -> Idempotency {
+        telemetry::describe_metrics();
         let inner = Arc::new(self.inner);
         inner.follow_purges();
         Idempotency { inner }
@@ -447,6 +449,32 @@ impl Idempotency {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
+        self.run_with_outcome(call, body).await.map(|(value, _)| value)
+    }
+
+    /// Runs `body` like [`run`](Self::run), and says what happened: whether the value was
+    /// replayed or the body ran, the fencing token, how long the call waited and how many times
+    /// it asked the store.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use idempotency::{Call, Error, Idempotency, MemoryStore};
+    /// use idempotency::telemetry::CallOutcome;
+    ///
+    /// let idem = Idempotency::new(MemoryStore::new());
+    /// let (value, outcome) = idem.run_with_outcome(Call::new("k"), || async { Ok::<_, Error>(7) }).await.unwrap();
+    /// assert_eq!((value, outcome.kind, outcome.replayed), (7, CallOutcome::Executed, false));
+    /// let (_, outcome) = idem.run_with_outcome(Call::new("k"), || async { Ok::<_, Error>(8) }).await.unwrap();
+    /// assert!(outcome.replayed && outcome.fence.is_none());
+    /// # }
+    /// ```
+    pub async fn run_with_outcome<T, E, F, Fut>(&self, call: Call, body: F) -> Result<(T, Outcome), E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
         let body = move || {
             let fut = body();
             async move { fut.await.map(|value| (value, ())) }
@@ -474,10 +502,21 @@ impl Idempotency {
         C: FnOnce(X, Completed) -> CFut,
         CFut: Future<Output = Result<Transition, StoreError>>,
     {
-        self.run_inner(call, body, CommitWith::Custom(commit)).await
+        self.run_inner(call, body, CommitWith::Custom(commit)).await.map(|(value, _)| value)
     }
 
-    async fn run_inner<T, E, X, F, Fut, C, CFut>(&self, mut call: Call, body: F, commit: CommitWith<C>) -> Result<T, E>
+    /// Every run: the call's span around it, its outcome recorded in the span and the metrics.
+    ///
+    /// The span is at `INFO` for every call that reaches the store (its cost, a microsecond or
+    /// two with a subscriber that records it, is small beside a round trip), and at `DEBUG` for
+    /// a replay answered by the in-process cache, which would otherwise cost more to trace than
+    /// to answer; the metrics count both.
+    async fn run_inner<T, E, X, F, Fut, C, CFut>(
+        &self,
+        mut call: Call,
+        body: F,
+        commit: CommitWith<C>,
+    ) -> Result<(T, Outcome), E>
     where
         T: Serialize + DeserializeOwned,
         E: From<Error>,
@@ -486,29 +525,121 @@ impl Idempotency {
         C: FnOnce(X, Completed) -> CFut,
         CFut: Future<Output = Result<Transition, StoreError>>,
     {
+        let mut track = Track::default();
+        let (span, result) = match self.prepare(&mut call) {
+            Ok(Prepared::Cached { key, hit }) => {
+                let span = call_span!(tracing::Level::DEBUG, call);
+                let _entered = span.enter();
+                shown_key(&span, &key, &mut track);
+                track.replayed();
+                let replayed = replay(&key, call.on_duplicate, Some(&hit.result)).map_err(Fail::Lib);
+                drop(_entered);
+                (span, replayed)
+            }
+            Ok(Prepared::Store(go)) => {
+                let span = call_span!(tracing::Level::INFO, call);
+                shown_key(&span, &go.key, &mut track);
+                let guarded = self.guarded(&call, go, body, commit, &mut track);
+                let result = tracing::Instrument::instrument(guarded, span.clone()).await;
+                (span, result)
+            }
+            Err(e) => (call_span!(tracing::Level::INFO, call), Err(Fail::Lib(e))),
+        };
+        let outcome = match &result {
+            Ok(_) => track.outcome,
+            Err(Fail::Lib(e)) => {
+                // Refused before its record key was known: the key as the error names it.
+                if !track.key_shown && !e.key().is_empty() {
+                    shown_key(&span, e.key(), &mut track);
+                }
+                CallOutcome::of_error(e)
+            }
+            Err(Fail::Body(_)) => CallOutcome::BodyError,
+        };
+        if !span.is_disabled() {
+            span.record("outcome", outcome.as_str());
+            if let Some(fence) = track.fence {
+                span.record("fence", fence);
+            }
+            span.record("attempts", track.attempts);
+            span.record("waited_ms", track.waited.as_millis() as u64);
+        }
+        telemetry::record::call(outcome, telemetry::scope_label(call.scope_str()));
+        if !track.waited.is_zero() {
+            telemetry::record::wait(track.waited);
+        }
+        match result {
+            Ok(value) => Ok((
+                value,
+                Outcome {
+                    kind: outcome,
+                    replayed: track.replayed,
+                    fence: track.fence,
+                    waited: track.waited,
+                    attempts: track.attempts,
+                },
+            )),
+            Err(Fail::Lib(e)) => Err(E::from(e)),
+            Err(Fail::Body(e)) => Err(e),
+        }
+    }
+
+    /// What a call needs before the store: its token checked, its key and fingerprint, and the
+    /// replay cache asked.
+    fn prepare(&self, call: &mut Call) -> Result<Prepared, Error> {
         let lease = call.ttl.unwrap_or(self.inner.ttl);
         // A token is checked before anything else, without the store.
         let token_expires = match call.mode {
-            Mode::Token => Some(self.verify_token(&mut call)?),
+            Mode::Token => Some(self.verify_token(call)?),
             Mode::Param => None,
         };
         let (key, fingerprint) = call.take_key(lease)?;
-        if let Some(hit) = self.inner.cache.as_ref().and_then(|c| c.get(&key)) {
-            check_fingerprint(&key, hit.fingerprint.as_deref(), fingerprint.as_deref())?;
-            return replay(&key, call.on_duplicate, Some(&hit.result)).map_err(E::from);
+        if let Some(cache) = &self.inner.cache {
+            let hit = cache.get(&key);
+            telemetry::record::cache(hit.is_some());
+            if let Some(hit) = hit {
+                check_fingerprint(&key, hit.fingerprint.as_deref(), fingerprint.as_deref())?;
+                return Ok(Prepared::Cached { key, hit });
+            }
         }
+        Ok(Prepared::Store(Go { key, fingerprint, lease, token_expires }))
+    }
+
+    /// A call that goes to the store, inside its span: a library error is told apart from the
+    /// body's.
+    async fn guarded<T, E, X, F, Fut, C, CFut>(
+        &self,
+        call: &Call,
+        go: Go,
+        body: F,
+        commit: CommitWith<C>,
+        track: &mut Track,
+    ) -> Result<T, Fail<E>>
+    where
+        T: Serialize + DeserializeOwned,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<(T, X), E>>,
+        C: FnOnce(X, Completed) -> CFut,
+        CFut: Future<Output = Result<Transition, StoreError>>,
+    {
+        let Go { key, fingerprint, lease, token_expires } = go;
         let owner = ids::owner_id();
-        match self.take(&key, owner, lease, fingerprint.as_deref(), call.on_conflict).await? {
+        match self.take(&key, owner, lease, fingerprint.as_deref(), call.on_conflict, track).await? {
             Taken::Held { fence, sent } => {
-                let held =
-                    Held { context: CallContext::new(key, owner, fence), lease, sent, fingerprint, token_expires };
-                self.execute(&call, held, body, commit).await
+                track.fence = Some(fence);
+                track.outcome =
+                    if track.waited.is_zero() { CallOutcome::Executed } else { CallOutcome::WaitedThenExecuted };
+                let context = CallContext::new(key, owner, fence, track.attempts);
+                let held = Held { context, lease, sent, fingerprint, token_expires };
+                self.execute(call, held, body, commit).await
             }
             Taken::Completed { fingerprint: theirs, result, kept_until } => {
                 if let Some(bytes) = &result {
                     self.inner.cache_put(&key, theirs.as_deref(), bytes, kept_until);
                 }
-                replay(&key, call.on_duplicate, result.as_deref()).map_err(E::from)
+                track.replayed();
+                tracing::debug!(stored = result.is_some(), "idempotency key completed: replaying");
+                Ok(replay(&key, call.on_duplicate, result.as_deref())?)
             }
         }
     }
@@ -523,6 +654,7 @@ impl Idempotency {
         lease: Duration,
         fingerprint: Option<&str>,
         on_conflict: OnConflict,
+        track: &mut Track,
     ) -> Result<Taken, Error> {
         let store = &*self.inner.store;
         // When the first acquire was sent: the wait's patience counts from there.
@@ -545,6 +677,11 @@ impl Idempotency {
             // flight, or the acquire fails (it may still land later), the store releases the key
             // for this owner in the background.
             let abandon = Abandon { store: Some(&self.inner.store), key, owner: owner.as_str(), lease };
+            track.attempts += 1;
+            if track.attempts > 1 {
+                track.waited = sent - started;
+            }
+            tracing::debug!(attempt = track.attempts, wait = request.will_wait, "idempotency acquire sent");
             let found = match store.acquire(request).await {
                 Ok(found) => {
                     abandon.disarm();
@@ -552,9 +689,20 @@ impl Idempotency {
                 }
                 Err(source) => {
                     drop(abandon);
+                    tracing::debug!(error = %source, "idempotency acquire failed");
                     return Err(Error::Store { key: key.to_owned(), source });
                 }
             };
+            let answered = sent.elapsed();
+            telemetry::record::acquire(answered);
+            tracing::debug!(
+                found = found.name(),
+                took_us = answered.as_micros() as u64,
+                "idempotency acquire answered"
+            );
+            if track.attempts > 1 {
+                track.waited = Instant::now() - started;
+            }
             match found {
                 AcquireOutcome::Acquired { fence } => return Ok(Taken::Held { fence, sent }),
                 AcquireOutcome::Completed { fingerprint: theirs, result, kept_for } => {
@@ -562,7 +710,10 @@ impl Idempotency {
                     // Counted from before the read was sent: never past the record's end.
                     return Ok(Taken::Completed { fingerprint: theirs, result, kept_until: sent + kept_for });
                 }
-                AcquireOutcome::Corrupt { reason } => return Err(Error::Corrupt { key: key.to_owned(), reason }),
+                AcquireOutcome::Corrupt { reason } => {
+                    tracing::warn!(key = %telemetry::logged_key(key), reason = %reason, "idempotency key holds something that is not a record");
+                    return Err(Error::Corrupt { key: key.to_owned(), reason });
+                }
                 AcquireOutcome::InProgress { fingerprint: theirs, lease_left } => {
                     check_fingerprint(key, theirs.as_deref(), fingerprint)?;
                     let conflict = || Error::Conflict {
@@ -572,6 +723,7 @@ impl Idempotency {
                     let OnConflict::Wait(patience) = on_conflict else { return Err(conflict()) };
                     let now = Instant::now();
                     if now >= started + patience {
+                        track.waited = now - started;
                         return Err(Error::Timeout { key: key.to_owned(), waited: now - started });
                     }
                     match &mut watcher {
@@ -579,7 +731,7 @@ impl Idempotency {
                         None => {
                             let Some(slot) = WaitSlot::take(&self.inner, key) else {
                                 tracing::warn!(
-                                    key = %key,
+                                    key = %telemetry::logged_key(key),
                                     max = self.inner.max_waiters_per_key,
                                     "idempotency call not waiting: too many calls already wait on this key"
                                 );
@@ -616,10 +768,9 @@ impl Idempotency {
         held: Held,
         body: F,
         commit: CommitWith<C>,
-    ) -> Result<T, E>
+    ) -> Result<T, Fail<E>>
     where
         T: Serialize + DeserializeOwned,
-        E: From<Error>,
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<(T, X), E>>,
         C: FnOnce(X, Completed) -> CFut,
@@ -627,10 +778,12 @@ impl Idempotency {
     {
         let context = &held.context;
         let mut guard = ReleaseOnDrop { store: Some(&self.inner.store), context, lease: held.lease };
+        let body_started = Instant::now();
         let fut = match catch_unwind(AssertUnwindSafe(body)) {
             Ok(fut) => fut,
             Err(panic) => {
                 guard.release().await;
+                panicked(call);
                 resume_unwind(panic);
             }
         };
@@ -656,20 +809,23 @@ impl Idempotency {
         };
         // The lease as last renewed bounds the commit's retries.
         let lease_end = registration.finish().unwrap_or(held.sent + held.lease);
+        telemetry::record::body(body_started.elapsed());
         match driven {
             Driven::Lost(reason) => {
                 // Released in the background: the store may be what failed, and the caller
                 // should hear of the loss now, not after the store's timeout.
-                drop(guard);
+                guard.abandon();
                 Err(Error::LeaseLost { key: context.key().to_owned(), reason: reason.to_owned() }.into())
             }
             Driven::Finished(Err(panic)) => {
                 guard.release().await;
+                panicked(call);
                 resume_unwind(panic)
             }
             Driven::Finished(Ok(Err(e))) => {
+                tracing::debug!("idempotency body failed: releasing the key");
                 guard.release().await;
-                Err(e)
+                Err(Fail::Body(e))
             }
             Driven::Finished(Ok(Ok((value, handle)))) => {
                 // Encoded before any await: the call's future holds no `&T` across one, so it is
@@ -680,6 +836,7 @@ impl Idempotency {
                     Ok(encoded) => (encoded, None),
                     Err(why) => (Encoded::NotReplayable(why.clone()), Some(why)),
                 };
+                let commit_started = Instant::now();
                 let stored = match commit {
                     CommitWith::Store => {
                         // From here on the key is never released: the body ran.
@@ -723,6 +880,8 @@ impl Idempotency {
                         }
                     }
                 };
+                telemetry::record::commit(commit_started.elapsed());
+                tracing::debug!(stored = stored.is_ok(), "idempotency commit done");
                 match (stored, inexact) {
                     (Ok(()), None) => Ok(value),
                     (Ok(()), Some(why)) => Err(Error::Codec {
@@ -763,7 +922,7 @@ impl Idempotency {
             Err(e) if e.kind() != StoreErrorKind::Replication => e,
             outcome => return self.inner.committed(&request, outcome, sent),
         };
-        tracing::warn!(key = %key, error = %first, "idempotency commit failed; retrying");
+        tracing::warn!(key = %telemetry::logged_key(key), error = %first, "idempotency commit failed; retrying");
         let pending = PendingCommit {
             key: key.to_owned(),
             owner: held.context.owner().to_owned(),
@@ -778,7 +937,7 @@ impl Idempotency {
             Ok(outcome) => outcome,
             Err(_) => {
                 tracing::warn!(
-                    key = %key,
+                    key = %telemetry::logged_key(key),
                     deadline = ?self.inner.commit_deadline,
                     "idempotency result not stored within the commit deadline; the caller gets its value, \
                      storing goes on in the background until the lease would end"
@@ -825,7 +984,7 @@ fn replayable(key: &str, encoded: Encoded) -> Option<Vec<u8>> {
     match encoded {
         Encoded::Replayable(bytes) => Some(bytes),
         Encoded::NotReplayable(why) => {
-            tracing::warn!(key = %key, why = %why, "idempotency result stored as not replayable");
+            tracing::warn!(key = %telemetry::logged_key(key), why = %why, "idempotency result stored as not replayable");
             None
         }
     }
@@ -923,10 +1082,10 @@ impl Inner {
                 }
             }
             Transition::Lost => {
-                tracing::warn!(key = %key, "idempotency result not stored: another owner holds the key")
+                tracing::warn!(key = %telemetry::logged_key(key), "idempotency result not stored: another owner holds the key")
             }
             Transition::Corrupt { reason } => {
-                tracing::warn!(key = %key, reason = %reason, "idempotency result not stored: the key is corrupt")
+                tracing::warn!(key = %telemetry::logged_key(key), reason = %reason, "idempotency result not stored: the key is corrupt")
             }
         }
         Ok(())
@@ -953,10 +1112,10 @@ impl Inner {
                 Err(e) if e.kind() != StoreErrorKind::Replication => {
                     if attempt >= 3 && Instant::now() + backoff >= until {
                         // The body ran: its caller gets its value; a duplicate may run it again.
-                        tracing::warn!(key = %pending.key, error = %e, attempt, "idempotency result not stored: the store failed until the lease ran out");
+                        tracing::warn!(key = %telemetry::logged_key(&pending.key), error = %e, attempt, "idempotency result not stored: the store failed until the lease ran out");
                         return Ok(());
                     }
-                    tracing::debug!(key = %pending.key, error = %e, attempt, "idempotency commit failed; retrying");
+                    tracing::debug!(key = %telemetry::logged_key(&pending.key), error = %e, attempt, "idempotency commit failed; retrying");
                 }
                 outcome => return self.committed(&request, outcome, sent),
             }
@@ -996,6 +1155,117 @@ impl Drop for WaitSlot<'_> {
     }
 }
 
+/// What became of a call, gathered as it runs.
+#[derive(Debug)]
+pub(crate) struct Track {
+    /// The span shows the record key.
+    key_shown: bool,
+    outcome: CallOutcome,
+    replayed: bool,
+    fence: Option<u64>,
+    waited: Duration,
+    attempts: u32,
+}
+
+impl Default for Track {
+    fn default() -> Self {
+        Track {
+            key_shown: false,
+            outcome: CallOutcome::Executed,
+            replayed: false,
+            fence: None,
+            waited: Duration::ZERO,
+            attempts: 0,
+        }
+    }
+}
+
+impl Track {
+    /// How many acquires were sent.
+    pub(crate) fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    fn replayed(&mut self) {
+        self.replayed = true;
+        self.outcome = if self.waited.is_zero() { CallOutcome::Replayed } else { CallOutcome::WaitedThenReplayed };
+    }
+}
+
+/// What happened to a call that returned a value ([`Idempotency::run_with_outcome`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Outcome {
+    /// Executed, replayed, or either after waiting for another holder.
+    pub kind: CallOutcome,
+    /// The value is a stored one: the body did not run.
+    pub replayed: bool,
+    /// The fencing token of this call's acquisition, when the body ran.
+    pub fence: Option<u64>,
+    /// How long the call waited for another holder (`OnConflict::Wait`).
+    pub waited: Duration,
+    /// How many times the call asked the store for the key (0: answered from the replay cache).
+    pub attempts: u32,
+}
+
+/// A call's failure: the library's, or the body's own.
+pub(crate) enum Fail<E> {
+    Lib(Error),
+    Body(E),
+}
+
+impl<E> From<Error> for Fail<E> {
+    fn from(e: Error) -> Self {
+        Fail::Lib(e)
+    }
+}
+
+/// Records a panicked body's outcome (the span and the counter) before the panic goes on.
+fn panicked(call: &Call) {
+    tracing::Span::current().record("outcome", CallOutcome::Panicked.as_str());
+    telemetry::record::call(CallOutcome::Panicked, telemetry::scope_label(call.scope_str()));
+}
+
+/// A call's span: `idempotent.call` at `$level`, with the fields a call fills in as it goes.
+macro_rules! call_span {
+    ($level:expr, $call:expr) => {
+        tracing::span!(
+            $level,
+            "idempotent.call",
+            scope = $call.scope_str().unwrap_or(""),
+            key = tracing::field::Empty,
+            mode = if $call.mode == Mode::Token { "token" } else { "param" },
+            outcome = tracing::field::Empty,
+            fence = tracing::field::Empty,
+            attempts = tracing::field::Empty,
+            waited_ms = tracing::field::Empty,
+        )
+    };
+}
+use call_span;
+
+/// Shows `key` (as [`telemetry::logged_key`] does) in the call's span, if it records anything.
+fn shown_key(span: &tracing::Span, key: &str, track: &mut Track) {
+    if !span.is_disabled() {
+        span.record("key", tracing::field::display(telemetry::logged_key(key)));
+        track.key_shown = true;
+    }
+}
+
+/// A call ready for the store, or answered by the replay cache ([`Idempotency::prepare`]).
+enum Prepared {
+    Cached { key: String, hit: crate::cache::Cached },
+    Store(Go),
+}
+
+/// What a call takes to the store.
+struct Go {
+    key: String,
+    fingerprint: Option<String>,
+    lease: Duration,
+    token_expires: Option<std::time::SystemTime>,
+}
+
 /// What [`Idempotency::take`] found.
 pub(crate) enum Taken {
     /// The key is held: the acquisition's fence, and when its acquire was sent.
@@ -1033,14 +1303,29 @@ struct ReleaseOnDrop<'a> {
 }
 
 impl ReleaseOnDrop<'_> {
+    /// Has the store release the key in the background, without a word: the caller knows why.
+    fn abandon(mut self) {
+        if let Some(store) = self.store.take() {
+            store.clone().abandon(self.context.key(), self.context.owner(), self.lease);
+        }
+    }
+
     async fn release(&mut self) {
         if let Some(store) = self.store.take() {
             let key = self.context.key();
             match store.release(key, self.context.owner()).await {
-                Ok(Transition::Done) => {}
-                Ok(other) => tracing::warn!(key, outcome = ?other, "idempotency release found the key not ours"),
+                Ok(Transition::Done) => tracing::debug!("idempotency key released"),
+                Ok(other) => tracing::warn!(
+                    key = %telemetry::logged_key(key),
+                    outcome = ?other,
+                    "idempotency release found the key not ours"
+                ),
                 Err(e) => {
-                    tracing::warn!(key, error = %e, "idempotency release failed; retrying in the background");
+                    tracing::warn!(
+                        key = %telemetry::logged_key(key),
+                        error = %e,
+                        "idempotency release failed; releasing in the background"
+                    );
                     store.clone().abandon(key, self.context.owner(), self.lease);
                 }
             }
@@ -1051,6 +1336,10 @@ impl ReleaseOnDrop<'_> {
 impl Drop for ReleaseOnDrop<'_> {
     fn drop(&mut self) {
         if let Some(store) = self.store.take() {
+            tracing::warn!(
+                key = %telemetry::logged_key(self.context.key()),
+                "idempotency call dropped while its body ran; releasing the key in the background"
+            );
             store.clone().abandon(self.context.key(), self.context.owner(), self.lease);
         }
     }
@@ -1075,6 +1364,10 @@ impl Abandon<'_> {
 impl Drop for Abandon<'_> {
     fn drop(&mut self) {
         if let Some(store) = self.store.take() {
+            tracing::warn!(
+                key = %telemetry::logged_key(self.key),
+                "idempotency acquire failed or dropped in flight; releasing the key in the background"
+            );
             store.clone().abandon(self.key, self.owner, self.lease);
         }
     }

@@ -21,6 +21,7 @@ use tokio::time::Instant;
 use crate::context::CallContext;
 use crate::error::StoreError;
 use crate::store::{Lease, Store};
+use crate::telemetry::record;
 
 /// The most leases one renewal script call carries.
 const BATCH: usize = 200;
@@ -93,7 +94,7 @@ impl Entry {
 
     fn mark_lost(&mut self, reason: &'static str) {
         self.lost = true;
-        tracing::warn!(key = %self.context.key(), reason, "idempotency lease lost while the body runs");
+        tracing::warn!(key = %crate::telemetry::logged_key(self.context.key()), reason, "idempotency lease lost while the body runs");
         self.context.mark_lost(reason);
     }
 }
@@ -120,6 +121,7 @@ impl Leases {
                 (self.slots.len() - 1) as u32
             }
         };
+        record::leases_held(1.0);
         let slot = &mut self.slots[index as usize];
         slot.0 = slot.0.wrapping_add(1);
         slot.1 = Some(entry);
@@ -134,6 +136,7 @@ impl Leases {
     fn remove(&mut self, id: u64) -> Option<Entry> {
         let entry = self.slot(id)?.1.take();
         self.free.push(id as u32);
+        record::leases_held(-1.0);
         entry
     }
 
@@ -327,6 +330,10 @@ fn apply(shared: &Shared, renewed: Renewed) {
     let mut reg = shared.lock();
     match renewed.result {
         Ok(flags) => {
+            let confirmed = flags.iter().filter(|ok| **ok).count();
+            record::renewals("renewed", confirmed);
+            record::renewals("refused", flags.len() - confirmed);
+            tracing::debug!(renewed = confirmed, refused = flags.len() - confirmed, "idempotency leases renewed");
             for (id, ok) in renewed.ids.iter().zip(flags) {
                 let Some(e) = reg.leases.get_mut(*id) else { continue };
                 e.inflight = false;
@@ -342,6 +349,7 @@ fn apply(shared: &Shared, renewed: Renewed) {
             }
         }
         Err(error) => {
+            record::renewals("failed", renewed.ids.len());
             tracing::warn!(%error, leases = renewed.ids.len(), "idempotency lease renewal failed; retrying");
             let now = Instant::now();
             for id in &renewed.ids {
@@ -368,7 +376,7 @@ mod tests {
             inflight: false,
             retry_at: now,
             lost: false,
-            context: CallContext::new("k".into(), crate::ids::owner_id(), 1),
+            context: CallContext::new("k".into(), crate::ids::owner_id(), 1, 1),
         }
     }
 

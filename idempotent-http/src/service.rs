@@ -11,6 +11,7 @@ use bytes::Bytes;
 use http::{request, response, Request, Response};
 use http_body::Body as HttpBody;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
+use idempotent_core::telemetry::logged_error;
 use idempotent_core::{Call, Error};
 use tower_service::Service;
 
@@ -105,13 +106,44 @@ where
         Ok(None) => return inner.call(Request::from_parts(parts, body)).await.map(|r| r.map(Body::new)),
         Err(problem) => return Ok(problem.into_response()),
     };
+    // Under the request's span (the current one); the call's own span nests under this one.
+    let span = tracing::info_span!(
+        "idempotent.http",
+        method = %parts.method,
+        replayed = tracing::field::Empty,
+        status = tracing::field::Empty,
+    );
+    let answered = tracing::Instrument::instrument(respond(&policy, inner, parts, body, call), span.clone()).await;
+    if let Ok((response, replayed)) = &answered {
+        span.record("replayed", *replayed);
+        span.record("status", response.status().as_u16());
+    }
+    answered.map(|(response, _)| response)
+}
+
+/// Runs a guarded request: its body read, its call run. Says whether the response is a replay.
+async fn respond<S, B, ResBody>(
+    policy: &Policy,
+    mut inner: S,
+    parts: request::Parts,
+    body: B,
+    call: Call,
+) -> Result<(Response<Body>, bool), S::Error>
+where
+    S: Service<Request<B>, Response = Response<ResBody>>,
+    B: HttpBody + From<Bytes>,
+    B::Error: Into<BoxError>,
+    ResBody: HttpBody<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let problem = |p: Problem| Ok((p.into_response(), false));
     let body = match Limited::new(body, policy.max_request_bytes).collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(e) if e.is::<LengthLimitError>() => {
             let detail = format!("the body is over {} bytes, the most this endpoint reads", policy.max_request_bytes);
-            return Ok(Problem::new(ProblemKind::RequestTooLarge, detail).into_response());
+            return problem(Problem::new(ProblemKind::RequestTooLarge, detail));
         }
-        Err(e) => return Ok(Problem::new(ProblemKind::UnreadableBody, e.to_string()).into_response()),
+        Err(e) => return problem(Problem::new(ProblemKind::UnreadableBody, e.to_string())),
     };
     // The fingerprint covers the method, the request target and the body.
     let target = parts.uri.path_and_query().map_or_else(|| parts.uri.path(), |pq| pq.as_str());
@@ -141,19 +173,21 @@ where
     let first = first.into_inner().unwrap_or_else(|p| p.into_inner());
     match outcome {
         Ok(stored) => Ok(match first {
-            Some((head, bytes)) => Response::from_parts(head, Body::from(bytes)),
-            None => stored.replay(&policy.replay_header).unwrap_or_else(|why| {
-                Problem::new(ProblemKind::Internal, format!("the stored response does not decode: {why}"))
-                    .into_response()
-            }),
+            Some((head, bytes)) => (Response::from_parts(head, Body::from(bytes)), false),
+            None => match stored.replay(&policy.replay_header) {
+                Ok(response) => (response, true),
+                Err(why) => {
+                    let detail = format!("the stored response does not decode: {why}");
+                    (Problem::new(ProblemKind::Internal, detail).into_response(), false)
+                }
+            },
         }),
-        Err(Failure::Idem(e)) => Ok(problem_for(&policy, &e).into_response()),
-        Err(Failure::NotStored(response)) => Ok(response),
-        Err(Failure::Unreadable(why)) => Ok(Problem::new(
+        Err(Failure::Idem(e)) => problem(problem_for(policy, &e)),
+        Err(Failure::NotStored(response)) => Ok((response, false)),
+        Err(Failure::Unreadable(why)) => problem(Problem::new(
             ProblemKind::UnreadableResponse,
             format!("the handler's response body failed ({why}); nothing was stored, a retry runs it again"),
-        )
-        .into_response()),
+        )),
         Err(Failure::Inner(e)) => Err(e),
     }
 }
@@ -209,11 +243,11 @@ pub(crate) fn problem_for(policy: &Policy, e: &Error) -> Problem {
             ),
         ),
         Error::Store { .. } | Error::Unconfirmed { .. } => {
-            tracing::warn!(error = %e, "idempotency store failed; request answered with 503");
+            tracing::warn!(error = %logged_error(e), "idempotency store failed; request answered with 503");
             Problem::for_error(e)
         }
         Error::Codec { .. } | Error::Corrupt { .. } | Error::NotConfigured { .. } => {
-            tracing::error!(error = %e, "idempotency layer failed");
+            tracing::error!(error = %logged_error(e), "idempotency layer failed");
             Problem::for_error(e)
         }
         other => Problem::for_error(other),

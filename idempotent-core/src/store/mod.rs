@@ -133,6 +133,18 @@ pub enum AcquireOutcome {
     },
 }
 
+impl AcquireOutcome {
+    /// The outcome's name in log lines.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            AcquireOutcome::Acquired { .. } => "acquired",
+            AcquireOutcome::InProgress { .. } => "in_progress",
+            AcquireOutcome::Completed { .. } => "completed",
+            AcquireOutcome::Corrupt { .. } => "corrupt",
+        }
+    }
+}
+
 /// What [`Store::commit`] is asked.
 #[derive(Debug, Clone, Copy)]
 pub struct CommitRequest<'a> {

@@ -21,6 +21,7 @@ use super::{
     StoreFuture, Transition, Watcher,
 };
 use crate::error::{StoreError, StoreErrorKind};
+use crate::telemetry::logged_key;
 
 mod keys;
 mod record;
@@ -403,7 +404,7 @@ impl RedisStore {
     /// expired by itself.
     fn release_in_background(&self, key: &str, owner: &str, lease: Duration) {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            tracing::warn!(key, "idempotency release outside a runtime; the key is held until its lease ends");
+            tracing::warn!(key = %logged_key(key), "idempotency release outside a runtime; the key is held until its lease ends");
             return;
         };
         let (store, key, owner) = (self.clone(), key.to_owned(), owner.to_owned());
@@ -421,14 +422,14 @@ impl RedisStore {
                 match outcome {
                     Ok(Transition::Done) => return,
                     Ok(other) => {
-                        tracing::debug!(key, outcome = ?other, "idempotency background release found the key not ours");
+                        tracing::debug!(key = %logged_key(&key), outcome = ?other, "idempotency background release found the key not ours");
                         return;
                     }
                     Err(e) if tokio::time::Instant::now() + backoff >= until => {
-                        tracing::warn!(key, error = %e, "idempotency background release failed until the lease ran out");
+                        tracing::warn!(key = %logged_key(&key), error = %e, "idempotency background release failed until the lease ran out");
                         return;
                     }
-                    Err(e) => tracing::debug!(key, error = %e, "idempotency background release failed; retrying"),
+                    Err(e) => tracing::debug!(key = %logged_key(&key), error = %e, "idempotency background release failed; retrying"),
                 }
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(1));
