@@ -84,6 +84,7 @@ async fn watch(ctx: &Ctx, args: &WatchArgs, nodes: &[Node], out: &mut impl Write
         });
         node.client.manage_subscriptions();
         bounded("PSUBSCRIBE", ctx.timeout, node.client.psubscribe(pattern.clone())).await?;
+        node.check_subscribed(&pattern, ctx.timeout).await?;
     }
     drop(tx);
     let names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
@@ -268,6 +269,28 @@ impl Node {
         flags.ok_or_else(|| {
             Failure::new(EXIT_FAILURE, format!("CONFIG GET notify-keyspace-events on {}: no value", self.name))
         })
+    }
+
+    /// Whether the connection is subscribed: fred 10 sends PSUBSCRIBE without waiting for an
+    /// answer, so a refusal (`NOPERM`: the command, or a channel pattern the user may not use) is
+    /// lost. Redis answers PING on a RESP2 connection with `pong` and an empty string in an array
+    /// once the connection has subscribed to something, with plain `PONG` before.
+    async fn check_subscribed(&self, pattern: &str, timeout: Duration) -> Result<(), Failure> {
+        let pong: Value = bounded("PING", timeout, self.client.ping(None)).await?;
+        let refused = matches!(&pong, Value::String(s) if &**s == "PONG")
+            && self.client.protocol_version() == idempotent_core::store::redis::fred::types::RespVersion::RESP2;
+        if refused {
+            return Err(Failure::new(
+                EXIT_FAILURE,
+                format!(
+                    "watch: PSUBSCRIBE {pattern} was refused on {}: the CLI's user needs +psubscribe and the \
+                     channel pattern &{pattern} exactly (Redis checks a subscribed pattern literally against \
+                     the user's channel rules; docs/cli.md lists the permissions)",
+                    self.name
+                ),
+            ));
+        }
+        Ok(())
     }
 
     async fn set_notify_flags(&self, flags: &str, timeout: Duration) -> Result<(), Failure> {

@@ -654,7 +654,7 @@ async fn bad_input_is_a_clear_message_and_an_exit_code() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_documented_acl_user_runs_every_command() {
     let server = RedisServer::start();
-    let extra = "+memory|usage +config|get +psubscribe +punsubscribe &__keyspace@0__:idem:*";
+    let extra = "+memory|usage +config|get +psubscribe &__keyspace@0__:idem:*";
     support::create_acl_user(server.port(), &format!("{} {extra}", support::ACL_RULES));
     let mut bare = vec!["ACL", "SETUSER", "bare"];
     bare.extend(support::ACL_RULES.split(' '));
@@ -684,6 +684,14 @@ async fn the_documented_acl_user_runs_every_command() {
     let out = child.wait_with_output().await.unwrap();
     assert_eq!(out.status.code(), Some(0));
     assert!(about(&String::from_utf8_lossy(&out.stdout), "acl:2").iter().any(|l| l.contains(" completed ")));
+    // --enable-notifications needs +config|set besides.
+    assert_eq!(server.command(&["CONFIG", "SET", "notify-keyspace-events", ""]).unwrap(), "OK");
+    let e = t.cli(&["watch", "--for", "1s", "--enable-notifications"]).await.expect(1);
+    assert!(e.stderr.contains("NOPERM") && e.stderr.contains("config|set"), "{e:#?}");
+    assert_eq!(server.command(&["ACL", "SETUSER", "idem", "+config|set"]).unwrap(), "OK");
+    let on = t.cli(&["watch", "--for", "1s", "--enable-notifications"]).await.expect(0);
+    assert!(on.stderr.contains("turned keyspace notifications on"), "{on:#?}");
+
     let purged = t.cli(&["purge", "--prefix", "acl:", "--force", "--yes"]).await.expect(0);
     assert_eq!(
         purged.lines().last().unwrap(),
@@ -700,4 +708,11 @@ async fn the_documented_acl_user_runs_every_command() {
     let e = bare_t.cli(&["watch", "--for", "1s"]).await.expect(1);
     assert!(e.stderr.contains("NOPERM") && e.stderr.contains("docs/cli.md"), "{e:#?}");
     bare_t.cli(&["purge", "acl:3", "--yes"]).await.expect(0);
+
+    // Redis checks a PSUBSCRIBE pattern literally against the user's channel rules: a broader rule
+    // does not let the CLI's pattern through.
+    let broader = ["ACL", "SETUSER", "idem", "resetchannels", "&idem:*", "&__keyspace@*"];
+    assert_eq!(command_at(server.port(), &broader).unwrap(), "OK");
+    let e = t.cli(&["watch", "--for", "1s"]).await.expect(1);
+    assert!(e.stderr.contains("PSUBSCRIBE __keyspace@0__:idem:* was refused"), "{e:#?}");
 }
