@@ -716,3 +716,26 @@ async fn the_documented_acl_user_runs_every_command() {
     let e = t.cli(&["watch", "--for", "1s"]).await.expect(1);
     assert!(e.stderr.contains("PSUBSCRIBE __keyspace@0__:idem:* was refused"), "{e:#?}");
 }
+
+/// `rediss://` with a private CA: `--tls-ca-file` (or `IDEMPOTENCY_TLS_CA_FILE`) connects; without
+/// it the server's certificate is not trusted, exit 3; a CA file for a plaintext URL is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_with_a_private_ca() {
+    let ca = support::tls::TestCa::new("cli");
+    let tls = support::tls::TlsRedis::start(&ca);
+    let ca_file = ca.ca().to_str().unwrap().to_owned();
+    let url = tls.tls_url();
+    let args = |a: &[&str]| a.iter().map(OsString::from).collect::<Vec<_>>();
+
+    let e = run_raw(args(&["--url", &url, "--tls-ca-file", &ca_file, "inspect", "orders:1"])).await.expect(4);
+    assert!(e.stderr.contains("no record at \"orders:1\""), "{e:#?}");
+    let out = command().args(["--url", &url, "list"]).env("IDEMPOTENCY_TLS_CA_FILE", &ca_file).output().await.unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let e = run_raw(args(&["--url", &url, "inspect", "orders:1"])).await.expect(3);
+    assert!(e.stderr.contains("not trusted"), "{e:#?}");
+    let plain = tls.server.url();
+    let e = run_raw(args(&["--url", &plain, "--tls-ca-file", &ca_file, "inspect", "orders:1"])).await.expect(3);
+    assert!(e.stderr.contains("is not a TLS URL"), "{e:#?}");
+    let e = run_raw(args(&["--url", &url, "--tls-ca-file", "/nonexistent/ca.pem", "inspect", "k"])).await.expect(3);
+    assert!(e.stderr.contains("/nonexistent/ca.pem"), "{e:#?}");
+}
