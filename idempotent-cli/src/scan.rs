@@ -51,6 +51,17 @@ impl<'a> Pages<'a> {
     }
 }
 
+/// A scan that ends early (an error, `--limit`) leaves no progress line behind on a terminal.
+impl Drop for Progress {
+    fn drop(&mut self) {
+        if self.mode == Mode::Terminal {
+            let mut err = std::io::stderr().lock();
+            let _ = write!(err, "\r\x1b[2K");
+            let _ = err.flush();
+        }
+    }
+}
+
 /// Progress on stderr: rewritten in place on a terminal, a line at most every second elsewhere
 /// (with `--progress`), nothing otherwise.
 struct Progress {
