@@ -495,6 +495,28 @@ async fn stderr_until(child: &mut tokio::process::Child, wanted: &str, limit: Du
     seen
 }
 
+/// Reads lines into `seen` until one passes `wanted` (at most `limit`).
+async fn lines_until(
+    lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+    seen: &mut Vec<String>,
+    wanted: impl Fn(&str) -> bool,
+    limit: Duration,
+) {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        match tokio::time::timeout_at(deadline, lines.next_line()).await {
+            Ok(Ok(Some(line))) => {
+                let done = wanted(&line);
+                seen.push(line);
+                if done {
+                    return;
+                }
+            }
+            other => panic!("no wanted line within {limit:?} ({other:?}): {seen:?}"),
+        }
+    }
+}
+
 /// Runs `keys` (full keys `scope:key`) through the library at once, each body sleeping a second.
 async fn calls(idem: &Idempotency, keys: &[String]) {
     let tasks: Vec<_> = keys
@@ -538,14 +560,20 @@ async fn watch_on_a_standalone_server() {
     let mut child = t.spawn(&["watch", "--for", "4s", "--enable-notifications", "--prefix", "w:"]);
     let started = stderr_until(&mut child, "watching", Duration::from_secs(10)).await;
     assert!(started.iter().any(|l| l.contains("turned keyspace notifications on")), "{started:?}");
+    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut seen = Vec::new();
     calls(&idem, &["w:1".to_owned(), "x:1".to_owned()]).await;
+    // The completion is printed (the record read after its set) before the key is forgotten.
+    let completed = |l: &str| l.contains(" set ") && l.contains(" completed ") && !about(l, "w:1").is_empty();
+    lines_until(&mut stdout, &mut seen, completed, Duration::from_secs(10)).await;
     idem.forget("w", "1", idempotency::Force::CompletedOnly).await.unwrap();
-    let out = child.wait_with_output().await.unwrap();
-    assert_eq!(out.status.code(), Some(0));
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    while let Ok(Some(line)) = stdout.next_line().await {
+        seen.push(line);
+    }
+    assert_eq!(child.wait().await.unwrap().code(), Some(0));
+    let stdout = seen.join("\n");
     let w1 = about(&stdout, "w:1");
     assert!(w1.iter().any(|l| l.contains(" set ") && l.contains(" in_progress ")), "{stdout}");
-    assert!(w1.iter().any(|l| l.contains(" set ") && l.contains(" completed ")), "{stdout}");
     assert!(w1.iter().any(|l| l.contains(" del ") && l.contains(" absent ")), "{stdout}");
     assert!(about(&stdout, "x:1").is_empty(), "--prefix w: let x:1 through: {stdout}");
     let flags = t.raw(&["CONFIG", "GET", "notify-keyspace-events"]).unwrap();
