@@ -188,6 +188,37 @@ async fn a_purge_reaches_every_replay_cache_within_a_second() {
     println!("the reader answered the new result {seen:?} after the other process forgot the key");
 }
 
+/// A store user who may not subscribe to the purge channel (the documented user without its
+/// channel rule): the replay cache stays off, since a purge by another process could not reach it;
+/// it never replays a result that was forgotten.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_cache_stays_off_when_purges_cannot_be_followed() {
+    let server = RedisServer::start();
+    let rules = support::ACL_RULES.replace(" &idem:*", "");
+    assert_ne!(rules, support::ACL_RULES);
+    support::create_acl_user(server.port(), &rules);
+    let user = format!("redis://idem:s3cret@127.0.0.1:{}", server.port());
+    let reader = Idempotency::builder(RedisStore::connect(&user).await.unwrap()).replay_cache(100).build();
+    let admin = Idempotency::new(RedisStore::connect(&server.url()).await.unwrap());
+    let call = || Call::new("k").scope("purge").keep(Duration::from_secs(3600));
+    let first: R<String> = reader.run(call(), || async { Ok("first".to_owned()) }).await;
+    assert_eq!(first.unwrap(), "first");
+    // Replays for half a second: time enough for a cache that would follow purges to go live.
+    for _ in 0..10 {
+        let replay: R<String> = reader.run(call(), || async { Ok("reader ran".to_owned()) }).await;
+        assert_eq!(replay.unwrap(), "first");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        admin.forget("purge", "k", Force::CompletedOnly).await.unwrap(),
+        Forgotten::Deleted(RecordState::Completed)
+    );
+    let second: R<String> = admin.run(call(), || async { Ok("second".to_owned()) }).await;
+    assert_eq!(second.unwrap(), "second");
+    let got: R<String> = reader.run(call(), || async { Ok("reader ran".to_owned()) }).await;
+    assert_eq!(got.unwrap(), "second", "the reader replayed a forgotten result from its cache");
+}
+
 /// The settings of the environment: every variable read, a bad one named in the error (never a
 /// secret's value), and a store that cannot be reached failing `init_from_env` at start-up.
 #[tokio::test]

@@ -444,7 +444,9 @@ impl RedisStore {
             .get_or_try_init(|| async {
                 let client = self.inner.builder.build_subscriber_client().map_err(|e| store_error("subscribe", e))?;
                 let channel = keys::purge_channel(&self.inner.prefix);
-                self.bounded("subscribe", watch::Subscriptions::start(client, channel)).await
+                let publisher = self.inner.pool.next().clone();
+                let started = watch::Subscriptions::start(client, channel, publisher, self.inner.timeout);
+                self.bounded("subscribe", started).await
             })
             .await
     }
@@ -456,7 +458,8 @@ impl RedisStore {
 
     async fn follow_purges_inner(&self, handler: PurgeHandler) -> Result<bool, StoreError> {
         let subs = self.subscriptions().await?;
-        within("subscribe", self.inner.timeout, subs.follow_purges(handler)).await?;
+        // Subscribing, then a message published and waited for (each bounded by the timeout).
+        within("subscribe", self.inner.timeout * 3, subs.follow_purges(handler)).await?;
         Ok(true)
     }
 

@@ -4,13 +4,14 @@
 //! follows purges, to the store's purge channel, whose messages name the keys forgotten.
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use fred::clients::SubscriberClient;
 use fred::prelude::*;
-use tokio::sync::{broadcast::error::RecvError, OnceCell};
+use tokio::sync::{broadcast::error::RecvError, oneshot, OnceCell};
 use tokio::task::JoinHandle;
 
-use crate::error::StoreError;
+use crate::error::{StoreError, StoreErrorKind};
 use crate::store::channels::Channels;
 use crate::store::{PurgeEvent, PurgeHandler, Watcher};
 
@@ -23,6 +24,12 @@ struct Purges {
     handlers: Mutex<Vec<PurgeHandler>>,
     /// The purge channel is subscribed (and re-subscribed after each reconnection).
     followed: OnceCell<()>,
+    /// Sends the messages that check the subscription (a subscribed connection cannot publish).
+    publisher: Client,
+    /// The checks under way: the message each waits for, and whom to tell.
+    probes: Mutex<Vec<(String, oneshot::Sender<()>)>>,
+    /// How long a check waits for its message.
+    bound: Duration,
 }
 
 impl Purges {
@@ -30,6 +37,49 @@ impl Purges {
         for handler in self.handlers.lock().unwrap_or_else(|p| p.into_inner()).iter() {
             handler(event);
         }
+    }
+
+    /// Whether `message` answers a check under way (it then goes no further).
+    fn answers_probe(&self, message: &str) -> bool {
+        let mut probes = self.probes.lock().unwrap_or_else(|p| p.into_inner());
+        match probes.iter().position(|(probe, _)| probe == message) {
+            Some(i) => {
+                let _ = probes.swap_remove(i).1.send(());
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Checks that the purge channel's messages reach this process: publishes a message of its
+    /// own on it and waits for it to come back. fred 10 sends SUBSCRIBE without waiting for its
+    /// answer, so a refused subscription (a user without `+subscribe` or the channel) looks like
+    /// a good one, and a replay cache would replay results that other processes forgot.
+    async fn check_delivery(&self) -> Result<(), StoreError> {
+        let probe = format!("{}:probe:{}", self.channel, crate::ids::owner_id().as_str());
+        let (tx, rx) = oneshot::channel();
+        self.probes.lock().unwrap_or_else(|p| p.into_inner()).push((probe.clone(), tx));
+        let published: Result<Value, Error> = self.publisher.publish(self.channel.as_str(), probe.as_str()).await;
+        let delivered = match published {
+            Ok(_) => matches!(tokio::time::timeout(self.bound, rx).await, Ok(Ok(()))),
+            Err(e) => {
+                self.probes.lock().unwrap_or_else(|p| p.into_inner()).retain(|(p, _)| *p != probe);
+                return Err(super::store_error("publish", e));
+            }
+        };
+        if delivered {
+            return Ok(());
+        }
+        self.probes.lock().unwrap_or_else(|p| p.into_inner()).retain(|(p, _)| *p != probe);
+        Err(StoreError::new(
+            StoreErrorKind::Config,
+            format!(
+                "subscribe: a message published on {} did not come back within {:?}: the server refused \
+                 the subscription, or delivers nothing on it (a user needs +subscribe and the channel: \
+                 docs/security.md lists the permissions the store needs)",
+                self.channel, self.bound
+            ),
+        ))
     }
 }
 
@@ -41,21 +91,36 @@ pub(crate) struct Subscriptions {
 }
 
 impl Subscriptions {
-    /// Connects the subscriber and starts routing its messages; `purge_channel` carries purges.
-    pub(crate) async fn start(client: SubscriberClient, purge_channel: String) -> Result<Self, Error> {
+    /// Connects the subscriber and starts routing its messages; `purge_channel` carries purges,
+    /// `publisher` checks that they arrive, waiting at most `bound`.
+    pub(crate) async fn start(
+        client: SubscriberClient,
+        purge_channel: String,
+        publisher: Client,
+        bound: Duration,
+    ) -> Result<Self, Error> {
         let mut messages = client.message_rx();
         let mut errors = client.error_rx();
         let mut reconnects = client.reconnect_rx();
         client.init().await?;
         let channels: Channels<Subscribed> = Channels::default();
-        let purges = Arc::new(Purges { channel: purge_channel, handlers: Mutex::default(), followed: OnceCell::new() });
+        let purges = Arc::new(Purges {
+            channel: purge_channel,
+            handlers: Mutex::default(),
+            followed: OnceCell::new(),
+            publisher,
+            probes: Mutex::default(),
+            bound,
+        });
         let (routed, purged) = (channels.clone(), purges.clone());
         let router = tokio::spawn(async move {
             loop {
                 match messages.recv().await {
                     Ok(message) if *message.channel == *purged.channel => {
                         if let Some(key) = message.value.as_str() {
-                            purged.tell(PurgeEvent::Forgotten(&key));
+                            if !purged.answers_probe(&key) {
+                                purged.tell(PurgeEvent::Forgotten(&key));
+                            }
                         }
                     }
                     Ok(message) => routed.notify(&message.channel),
@@ -87,7 +152,10 @@ impl Subscriptions {
                 // An error or a reconnection: purges may have been missed. Follow again once the
                 // purge channel is subscribed again (the subscribe waits for the connection).
                 purged.tell(PurgeEvent::Missed);
-                if purged.followed.initialized() && subscriber.subscribe(purged.channel.as_str()).await.is_ok() {
+                if purged.followed.initialized()
+                    && subscriber.subscribe(purged.channel.as_str()).await.is_ok()
+                    && purged.check_delivery().await.is_ok()
+                {
                     purged.tell(PurgeEvent::Following);
                 }
             }
@@ -95,7 +163,8 @@ impl Subscriptions {
         Ok(Subscriptions { client, channels, purges, tasks: vec![router, resubscribe, follower] })
     }
 
-    /// Calls `handler` with purges from now on (subscribing the purge channel the first time).
+    /// Calls `handler` with purges from now on (subscribing the purge channel the first time,
+    /// and checking that its messages arrive).
     pub(crate) async fn follow_purges(&self, handler: PurgeHandler) -> Result<(), StoreError> {
         self.purges
             .followed
@@ -103,7 +172,8 @@ impl Subscriptions {
                 self.client
                     .subscribe(self.purges.channel.as_str())
                     .await
-                    .map_err(|e| super::store_error("subscribe", e))
+                    .map_err(|e| super::store_error("subscribe", e))?;
+                self.purges.check_delivery().await
             })
             .await?;
         handler(PurgeEvent::Following);

@@ -1,0 +1,63 @@
+//! `idempotency`: the operator's tool for the records the `idempotency` crate keeps in Redis.
+//!
+//! It reads and deletes records through the library's own operator API (`inspect`, `forget`,
+//! `scan` of `idempotent-core`), so it reads the record format exactly as the library writes
+//! it, and deletes records the way the library does (owner-checked, waiters woken, replay caches
+//! told). The commands, their output and the exit codes are described in `docs/cli.md`.
+//!
+//! Layout: [`args`] declares the command line, [`connect`] turns it into a store, one module per
+//! command ([`inspect`], [`list`], [`purge`], [`stats`], [`watch`]), and [`scan`], [`render`] and
+//! [`failure`] serve them all.
+
+mod args;
+mod connect;
+mod failure;
+mod inspect;
+mod list;
+mod purge;
+mod render;
+mod scan;
+mod stats;
+mod watch;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use args::{Cli, Command};
+use failure::{Failure, EXIT_FAILURE};
+
+fn main() -> ExitCode {
+    // Parse errors (and --help, --version) exit by themselves: 2 for usage, 0 for help.
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => return report(Failure::new(EXIT_FAILURE, format!("cannot start the async runtime: {e}"))),
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => report(failure),
+    }
+}
+
+/// Prints a failure's message (if any) on stderr and turns it into the process's exit code.
+fn report(failure: Failure) -> ExitCode {
+    if let Some(message) = &failure.message {
+        eprintln!("idempotency: {message}");
+    }
+    ExitCode::from(failure.code)
+}
+
+async fn run(cli: Cli) -> Result<(), Failure> {
+    let ctx = connect::connect(&cli.connection).await?;
+    let mut out = std::io::stdout().lock();
+    let result = match &cli.command {
+        Command::Inspect(a) => inspect::run(&ctx, a, &mut out).await,
+        Command::List(a) => list::run(&ctx, a, &mut out).await,
+        Command::Purge(a) => purge::run(&ctx, a, &mut out).await,
+        Command::Stats(a) => stats::run(&ctx, a, &mut out).await,
+        Command::Watch(a) => watch::run(&ctx, a, &mut out).await,
+    };
+    ctx.store.quit().await;
+    result
+}
