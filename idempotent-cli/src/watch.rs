@@ -275,10 +275,19 @@ impl Node {
     /// answer, so a refusal (`NOPERM`: the command, or a channel pattern the user may not use) is
     /// lost. Redis answers PING on a RESP2 connection with `pong` and an empty string in an array
     /// once the connection has subscribed to something, with plain `PONG` before.
+    /// The refusal itself may also arrive as the answer to the PING: the reply frames are matched
+    /// to commands in order, and fred does not count the unanswered PSUBSCRIBE, so the `NOPERM`
+    /// error frame can be taken for the PING's answer. Both mean the same.
     async fn check_subscribed(&self, pattern: &str, timeout: Duration) -> Result<(), Failure> {
-        let pong: Value = bounded("PING", timeout, self.client.ping(None)).await?;
-        let refused = matches!(&pong, Value::String(s) if &**s == "PONG")
-            && self.client.protocol_version() == idempotent_core::store::redis::fred::types::RespVersion::RESP2;
+        let refused = match tokio::time::timeout(timeout, self.client.ping::<Value>(None)).await {
+            Ok(Ok(pong)) => {
+                matches!(&pong, Value::String(s) if &**s == "PONG")
+                    && self.client.protocol_version() == idempotent_core::store::redis::fred::types::RespVersion::RESP2
+            }
+            Ok(Err(e)) if e.details().starts_with("NOPERM") && e.details().contains("channels") => true,
+            Ok(Err(e)) => return Err(command_failure("PING", &e)),
+            Err(_) => return Err(unanswered("PING", timeout)),
+        };
         if refused {
             return Err(Failure::new(
                 EXIT_FAILURE,
@@ -309,16 +318,20 @@ async fn bounded<T>(
 ) -> Result<T, Failure> {
     match tokio::time::timeout(timeout, fut).await {
         Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => {
-            let hint = if e.details().starts_with("NOPERM") {
-                " (docs/cli.md lists the permissions the CLI needs)"
-            } else {
-                ""
-            };
-            Err(Failure::new(EXIT_FAILURE, format!("watch: {op}: {}{hint}", e.details())))
-        }
-        Err(_) => Err(Failure::new(EXIT_FAILURE, format!("watch: {op}: no answer within {timeout:?}"))),
+        Ok(Err(e)) => Err(command_failure(op, &e)),
+        Err(_) => Err(unanswered(op, timeout)),
     }
+}
+
+/// A command's error, a refused permission named with where the CLI's permissions are listed.
+fn command_failure(op: &str, e: &Error) -> Failure {
+    let hint =
+        if e.details().starts_with("NOPERM") { " (docs/cli.md lists the permissions the CLI needs)" } else { "" };
+    Failure::new(EXIT_FAILURE, format!("watch: {op}: {}{hint}", e.details()))
+}
+
+fn unanswered(op: &str, timeout: Duration) -> Failure {
+    Failure::new(EXIT_FAILURE, format!("watch: {op}: no answer within {timeout:?}"))
 }
 
 #[cfg(test)]
