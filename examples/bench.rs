@@ -7,6 +7,7 @@
 //! cargo run --release --example bench -- --short      # about a minute
 //! cargo run --release --example bench -- --check      # exact round-trip counts only (CI smoke test)
 //! cargo run --release --example bench -- --redis redis://127.0.0.1:6379 --json
+//! cargo run --release --example bench -- --no-postgres                     # Redis and memory rows only
 //! ```
 //!
 //! Baselines, through the same fred client as the store:
@@ -14,6 +15,14 @@
 //! - naive first execution: `SET key 1 NX EX 30`, then `SET key <result> EX 86400` (no owner,
 //!   no Lua, no watchdog), two round trips;
 //! - naive replay: `SET key 1 NX EX 30` finds the key, then `GET key`, two round trips.
+//!
+//! And on PostgreSQL (a cluster the benchmark starts itself with `initdb`, `pg_stat_statements`
+//! loaded; or `--postgres URL`), through the same sqlx pool settings as the store, statements and
+//! round trips per operation counted by the server (`pg_stat_statements` deltas):
+//! - naive first execution: `INSERT ... ON CONFLICT DO NOTHING`, then `UPDATE` with the result;
+//! - naive replay: the same `INSERT` finds the key, then `SELECT` of the result;
+//! - naive transactional first: `BEGIN`, the `INSERT`, the body's own insert, the `UPDATE`,
+//!   `COMMIT`: what the transactional mode does, without owner, lease or fence.
 
 #[path = "../tests/support/mod.rs"]
 #[allow(unused_imports)]
@@ -25,9 +34,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use idempotency::store::postgres::sqlx::{self, Row as _};
 use idempotency::store::redis::fred::prelude::*;
 use idempotency::store::{AcquireOutcome, AcquireRequest, CommitRequest, Transition};
-use idempotency::{Call, Error, Idempotency, MemoryStore, RedisStore, Store};
+use idempotency::{Call, CallContext, Error, Idempotency, MemoryStore, PgStore, RedisStore, Store};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
@@ -69,22 +79,26 @@ fn receipt(id: u64) -> Receipt {
 
 struct Options {
     redis: Option<String>,
+    postgres: Option<String>,
+    no_postgres: bool,
     short: bool,
     check: bool,
     json: bool,
 }
 
 fn options() -> Options {
-    let mut o = Options { redis: None, short: false, check: false, json: false };
+    let mut o = Options { redis: None, postgres: None, no_postgres: false, short: false, check: false, json: false };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--redis" => o.redis = args.next(),
+            "--postgres" => o.postgres = args.next(),
+            "--no-postgres" => o.no_postgres = true,
             "--short" => o.short = true,
             "--check" => o.check = true,
             "--json" => o.json = true,
             "-h" | "--help" => {
-                println!("usage: bench [--short] [--check] [--json] [--redis URL]");
+                println!("usage: bench [--short] [--check] [--json] [--redis URL] [--postgres URL | --no-postgres]");
                 std::process::exit(0);
             }
             other => {
@@ -160,6 +174,60 @@ impl std::ops::Sub for Counts {
     }
 }
 
+/// Reads PostgreSQL's own counters (`pg_stat_statements`, top-level statements of the benchmark's
+/// database, the counting's own left out) and, for a cluster of the benchmark's own, the CPU time
+/// of its processes.
+struct PgCounters {
+    pool: sqlx::PgPool,
+    /// The postmaster of a cluster of our own (its processes' CPU time is the server's).
+    postmaster: Option<u32>,
+}
+
+impl PgCounters {
+    async fn read(&self) -> Counts {
+        // Statements, and the `SET LOCAL statement_timeout` a transactional body's `BEGIN` carries
+        // in the same message: a statement, not a round trip.
+        let row = sqlx::query(
+            "SELECT coalesce(sum(calls), 0)::bigint, \
+                    coalesce(sum(calls) FILTER (WHERE query ILIKE 'SET LOCAL statement_timeout%'), 0)::bigint \
+             FROM pg_stat_statements \
+             WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+               AND query NOT ILIKE '%pg_stat_statements%'",
+        )
+        .fetch_one(&self.pool)
+        .await
+        .expect("read pg_stat_statements");
+        let (statements, piggybacked): (i64, i64) = (row.get(0), row.get(1));
+        Counts {
+            scripts: 0,
+            plain: (statements - piggybacked) as u64,
+            commands: statements as u64,
+            evals: 0,
+            cpu_secs: self.postmaster.map_or(0.0, |pid| tree_cpu(pid).as_secs_f64()),
+        }
+    }
+}
+
+/// CPU time of process `pid`, its live children and the children it has reaped.
+fn tree_cpu(pid: u32) -> Duration {
+    let stat = |path: String| -> Vec<u64> {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let fields: Vec<&str> = text.rsplit_once(')').map(|(_, r)| r.split_whitespace().collect()).unwrap_or_default();
+        fields.iter().map(|f| f.parse().unwrap_or(0)).collect()
+    };
+    // After the ')': state ppid ... utime (11) stime (12) cutime (13) cstime (14).
+    let own = stat(format!("/proc/{pid}/stat"));
+    let mut ticks = own.get(11..15).map_or(0, |f| f.iter().sum());
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(child) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let f = stat(format!("/proc/{child}/stat"));
+        if f.get(1) == Some(&u64::from(pid)) {
+            ticks += f.get(11..13).map_or(0, |f| f.iter().sum::<u64>());
+        }
+    }
+    Duration::from_millis(ticks * 10)
+}
+
 #[derive(Debug, Clone, Serialize)]
 struct Row {
     case: String,
@@ -232,6 +300,7 @@ fn percentile(sorted: &[u32], p: f64) -> f64 {
 
 struct Bench {
     counters: Option<Counters>,
+    pg: Option<PgCounters>,
     rows: Vec<Row>,
     secs: Duration,
     /// Round trips per call of each path, counted exactly beforehand (slow log).
@@ -254,15 +323,17 @@ impl Bench {
         F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = bool> + Send,
     {
-        let before = match &self.counters {
-            Some(c) if store == "redis" => Some(c.read().await),
+        let before = match (&self.counters, &self.pg) {
+            (Some(c), _) if store == "redis" => Some(c.read().await),
+            (_, Some(pg)) if store == "pg" => Some(pg.read().await),
             _ => None,
         };
         let cpu_before = cpu_time();
         let (ok, failed, mut lat, took) = measure(concurrency, self.secs, op).await;
         let client_cpu = cpu_time() - cpu_before;
-        let after = match (&self.counters, before) {
-            (Some(c), Some(b)) => Some(c.read().await - b),
+        let after = match (&self.counters, &self.pg, before) {
+            (Some(c), _, Some(b)) if store == "redis" => Some(c.read().await - b),
+            (_, Some(pg), Some(b)) if store == "pg" => Some(pg.read().await - b),
             _ => None,
         };
         lat.sort_unstable();
@@ -278,13 +349,15 @@ impl Bench {
             // The naive baseline's round trips are its SETs and GETs, the floor's its script
             // calls. Ours mix scripts and plain SETs, and a script's own SETs count in the same
             // commandstats line, so ours come from the exact count made beforehand.
+            // On PostgreSQL every round trip is counted by the server: statements, less those sent
+            // in one message with another.
             round_trips_per_op: after.map(|d| match case {
-                _ if naive => d.plain as f64 / ops,
+                _ if naive || store == "pg" => d.plain as f64 / ops,
                 _ if case.starts_with("fred") => d.scripts as f64 / ops,
                 _ => self.exact_round_trips(case),
             }),
             commands_per_op: after.map(|d| d.commands as f64 / ops),
-            server_us_per_op: after.map(|d| d.cpu_secs * 1e6 / ops),
+            server_us_per_op: after.filter(|d| d.cpu_secs > 0.0).map(|d| d.cpu_secs * 1e6 / ops),
             client_us_per_op: client_cpu.as_secs_f64() * 1e6 / ops,
             baseline: None,
             ratio: None,
@@ -399,6 +472,31 @@ fn replay_op(idem: Idempotency) -> impl Fn(usize, u64) -> std::pin::Pin<Box<dyn 
     }
 }
 
+/// First executions of fresh keys `{prefix}:{task}:{i}`: true when the body's value came back.
+fn first_op(
+    idem: Idempotency,
+    prefix: String,
+) -> impl Fn(usize, u64) -> std::pin::Pin<Box<dyn Future<Output = bool> + Send>> {
+    move |t, i| {
+        let (idem, key) = (idem.clone(), format!("{prefix}:{t}:{i}"));
+        Box::pin(async move {
+            let r: R<Receipt> = idem.run(Call::new(key), || async move { Ok(receipt(i)) }).await;
+            r.is_ok()
+        })
+    }
+}
+
+/// Calls of the 64 keys `held:{i}` held in progress elsewhere: true on `Conflict`.
+fn conflict_op(idem: Idempotency) -> impl Fn(usize, u64) -> std::pin::Pin<Box<dyn Future<Output = bool> + Send>> {
+    move |_, i| {
+        let idem = idem.clone();
+        Box::pin(async move {
+            let r: R<()> = idem.run(Call::new(format!("held:{}", i % 64)), || async { Ok(()) }).await;
+            matches!(r, Err(Error::Conflict { .. }))
+        })
+    }
+}
+
 /// Completes `n` keys named `{prefix}{i}` so replays have something to find.
 async fn complete_keys(idem: &Idempotency, prefix: &str, n: u64) {
     for i in 0..n {
@@ -497,7 +595,7 @@ fn print_table(rows: &[Row]) {
         "p99 µs",
         "rt/op",
         "cmds/op",
-        "redis µs/op",
+        "server µs/op",
         "client µs/op",
         "ratio to",
         "ratio"
@@ -783,6 +881,220 @@ async fn wait_latency(holder: &Idempotency, waiter: &Idempotency, rounds: u32) -
     )
 }
 
+/// PostgreSQL: a cluster of the benchmark's own with `pg_stat_statements` loaded (or the server at
+/// `--postgres`), the store on it, and the naive baseline's tables beside the store's.
+struct Pg {
+    _cluster: Option<support::postgres::PgCluster>,
+    store: PgStore,
+    idem: Idempotency,
+    counters: PgCounters,
+}
+
+async fn pg_setup(o: &Options) -> Pg {
+    let (cluster, url) = match &o.postgres {
+        Some(url) => (None, url.clone()),
+        None => {
+            let settings = ["shared_preload_libraries=pg_stat_statements", "pg_stat_statements.track_utility=on"];
+            let cluster = tokio::task::block_in_place(|| support::postgres::PgCluster::start_with(&settings));
+            let url = cluster.url("postgres");
+            (Some(cluster), url)
+        }
+    };
+    // The reaper off: its statements would count as the cases'.
+    let store = PgStore::builder(&url)
+        .schema("bench")
+        .pool_size(40)
+        .reap(Duration::ZERO, 1)
+        .migrate()
+        .connect()
+        .await
+        .expect("connect to PostgreSQL");
+    sqlx::raw_sql(
+        "CREATE EXTENSION IF NOT EXISTS pg_stat_statements;
+         CREATE TABLE IF NOT EXISTS bench.naive (key text PRIMARY KEY, result bytea, expires_at timestamptz NOT NULL);
+         CREATE TABLE IF NOT EXISTS bench.effects (key text NOT NULL, fence bigint NOT NULL);
+         TRUNCATE bench.naive, bench.effects, bench.idempotency;",
+    )
+    .execute(store.pool())
+    .await
+    .expect("set up the benchmark's tables (and pg_stat_statements)");
+    let counters = PgCounters { pool: store.pool().clone(), postmaster: cluster.as_ref().map(|c| c.pid()) };
+    Pg { _cluster: cluster, idem: Idempotency::new(store.clone()), store, counters }
+}
+
+const NAIVE_INSERT: &str =
+    "INSERT INTO bench.naive (key, expires_at) VALUES ($1, now() + interval '30 seconds') ON CONFLICT DO NOTHING";
+const NAIVE_UPDATE: &str = "UPDATE bench.naive SET result = $2, expires_at = now() + interval '1 day' WHERE key = $1";
+const EFFECT_INSERT: &str = "INSERT INTO bench.effects (key, fence) VALUES ($1, $2)";
+
+/// A transactional first execution of `key`: the body inserts its effect row.
+async fn pg_tx_first(pg: &PgStore, idem: &Idempotency, key: String, i: u64) -> bool {
+    let r: R<Receipt> = pg
+        .run_in_transaction(idem, Call::new(key), |tx| {
+            Box::pin(async move {
+                let ctx = CallContext::current().expect("in a call");
+                sqlx::query(EFFECT_INSERT)
+                    .bind(ctx.key())
+                    .bind(ctx.fence() as i64)
+                    .execute(&mut **tx)
+                    .await
+                    .map_err(|e| Error::InvalidCall { key: String::new(), reason: e.to_string() })?;
+                Ok(receipt(i))
+            })
+        })
+        .await;
+    r.is_ok()
+}
+
+/// The naive transactional baseline: the body's insert and the record in one transaction, with no
+/// owner, lease or fence.
+async fn naive_tx_first(pool: &sqlx::PgPool, key: String, i: u64) -> bool {
+    let Ok(mut tx) = pool.begin().await else { return false };
+    let result = serde_json::to_vec(&receipt(i)).unwrap();
+    let ok = sqlx::query(NAIVE_INSERT).bind(&key).execute(&mut *tx).await.is_ok()
+        && sqlx::query(EFFECT_INSERT).bind(&key).bind(i as i64).execute(&mut *tx).await.is_ok()
+        && sqlx::query(NAIVE_UPDATE).bind(&key).bind(result).execute(&mut *tx).await.is_ok();
+    ok && tx.commit().await.is_ok()
+}
+
+/// The round trips the server counted while `f` ran.
+async fn pg_count(counters: &PgCounters, f: impl Future<Output = ()>) -> u64 {
+    let before = counters.read().await;
+    f.await;
+    (counters.read().await - before).plain
+}
+
+/// Sequential, exact: the round trips each PostgreSQL path costs, counted by the server
+/// (`pg_stat_statements`: statements, less the `SET LOCAL` sent in one message with `BEGIN`).
+async fn check_pg_round_trips(pg: &Pg) -> Vec<(&'static str, f64, f64)> {
+    const N: u64 = 200;
+    let per = |n: u64| n as f64 / N as f64;
+    // Each connection prepares a statement the first time it runs it (not a counted call).
+    complete_keys(&pg.idem, "warm:", 50).await;
+    let mut out = Vec::new();
+    let n = pg_count(&pg.counters, complete_keys(&pg.idem, "rt-first:", N)).await;
+    out.push(("pg first execution", per(n), 2.0));
+    let n = pg_count(&pg.counters, complete_keys(&pg.idem, "rt-first:", N)).await;
+    out.push(("pg replay", per(n), 1.0));
+    let release = Arc::new(AtomicBool::new(false));
+    let holders = hold_keys(&pg.idem, "rt-held:", 1, release.clone());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let n = pg_count(&pg.counters, async {
+        for _ in 0..N {
+            let r: R<()> = pg.idem.run(Call::new("rt-held:0"), || async { Ok(()) }).await;
+            assert!(matches!(r, Err(Error::Conflict { .. })), "{r:?}");
+        }
+    })
+    .await;
+    out.push(("pg conflict", per(n), 1.0));
+    release.store(true, Ordering::Relaxed);
+    for h in holders {
+        h.await.unwrap();
+    }
+    let n = pg_count(&pg.counters, async {
+        for i in 0..N {
+            let _: R<()> = pg
+                .idem
+                .run(Call::new(format!("rt-err:{i}")), || async {
+                    Err(Error::Conflict { key: String::new(), retry_after: None })
+                })
+                .await;
+        }
+    })
+    .await;
+    out.push(("pg release after an error", per(n) - 1.0, 1.0));
+    for i in 0..20 {
+        pg_tx_first(&pg.store, &pg.idem, format!("warm-tx:{i}"), i).await;
+    }
+    let n = pg_count(&pg.counters, async {
+        for i in 0..N {
+            assert!(pg_tx_first(&pg.store, &pg.idem, format!("rt-tx:{i}"), i).await);
+        }
+    })
+    .await;
+    // acquire; BEGIN (with its SET LOCAL); the body's INSERT; the record's UPDATE; COMMIT.
+    out.push(("pg transactional first execution", per(n), 5.0));
+    let n = pg_count(&pg.counters, async {
+        for i in 0..N {
+            assert!(pg_tx_first(&pg.store, &pg.idem, format!("rt-tx:{i}"), i).await);
+        }
+    })
+    .await;
+    out.push(("pg transactional replay", per(n), 1.0));
+    out
+}
+
+/// The PostgreSQL rows: ours against the naive baselines, every case in turn within each round.
+async fn pg_rows(bench: &mut Bench, pg: &Pg, rounds: usize, concurrencies: &[usize]) {
+    let pool = pg.store.pool().clone();
+    complete_keys(&pg.idem, "replay:", 1000).await;
+    for i in 0..1000u64 {
+        sqlx::query(NAIVE_INSERT).bind(format!("naive:replay:{i}")).execute(&pool).await.unwrap();
+        sqlx::query(NAIVE_UPDATE)
+            .bind(format!("naive:replay:{i}"))
+            .bind(b"{\"id\":1}".as_slice())
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    let release = Arc::new(AtomicBool::new(false));
+    let holders = hold_keys(&pg.idem, "held:", 64, release.clone());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for (round, &c) in (0..rounds).flat_map(|r| concurrencies.iter().map(move |c| (r, c))) {
+        let p = pool.clone();
+        let naive_first = bench
+            .case("naive first (INS+UPD)", "pg", c, move |t, i| {
+                let p = p.clone();
+                async move {
+                    let key = format!("naive:first:{round}:{c}:{t}:{i}");
+                    let result = serde_json::to_vec(&receipt(i)).unwrap();
+                    sqlx::query(NAIVE_INSERT).bind(&key).execute(&p).await.is_ok()
+                        && sqlx::query(NAIVE_UPDATE).bind(&key).bind(result).execute(&p).await.is_ok()
+                }
+            })
+            .await;
+        let first =
+            bench.case("first execution", "pg", c, first_op(pg.idem.clone(), format!("first:{round}:{c}"))).await;
+        bench.ratio(first, naive_first);
+        let p = pool.clone();
+        let naive_replay = bench
+            .case("naive replay (INS+SELECT)", "pg", c, move |_, i| {
+                let p = p.clone();
+                async move {
+                    let key = format!("naive:replay:{}", i % 1000);
+                    let _ = sqlx::query(NAIVE_INSERT).bind(&key).execute(&p).await;
+                    let row =
+                        sqlx::query("SELECT result FROM bench.naive WHERE key = $1").bind(&key).fetch_one(&p).await;
+                    row.is_ok_and(|r| r.get::<Option<Vec<u8>>, _>(0).is_some())
+                }
+            })
+            .await;
+        let replay = bench.case("replay", "pg", c, replay_op(pg.idem.clone())).await;
+        bench.ratio(replay, naive_replay);
+        let conflict = bench.case("conflict", "pg", c, conflict_op(pg.idem.clone())).await;
+        bench.ratio(conflict, naive_replay);
+        let p = pool.clone();
+        let naive_tx = bench
+            .case("naive tx (BEGIN..COMMIT)", "pg", c, move |t, i| {
+                let p = p.clone();
+                async move { naive_tx_first(&p, format!("naive:tx:{round}:{c}:{t}:{i}"), i).await }
+            })
+            .await;
+        let (st, idem) = (pg.store.clone(), pg.idem.clone());
+        let tx = bench
+            .case("transactional first", "pg", c, move |t, i| {
+                let (st, idem) = (st.clone(), idem.clone());
+                async move { pg_tx_first(&st, &idem, format!("tx:{round}:{c}:{t}:{i}"), i).await }
+            })
+            .await;
+        bench.ratio(tx, naive_tx);
+    }
+    release.store(true, Ordering::Relaxed);
+    for h in holders {
+        h.await.unwrap();
+    }
+}
+
 fn main() {
     let o = options();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
@@ -816,6 +1128,16 @@ async fn run(o: Options) {
     }
     let fallbacks = counters.read().await.evals;
     println!("EVAL fallbacks after NOSCRIPT: {fallbacks} (the store loads its scripts when it connects)");
+    let pg = if o.no_postgres { None } else { Some(pg_setup(&o).await) };
+    if let Some(pg) = &pg {
+        for (path, got, want) in check_pg_round_trips(pg).await {
+            let verdict = if (got - want).abs() < 1e-9 { "ok" } else { "WRONG" };
+            if verdict == "WRONG" {
+                wrong += 1;
+            }
+            println!("round trips, {path}: {got:.2} per call (target {want}) {verdict}");
+        }
+    }
     if o.check {
         if wrong > 0 {
             eprintln!("round-trip counts differ from the targets");
@@ -831,7 +1153,7 @@ async fn run(o: Options) {
     // runs in several rounds, each round all cases in turn, and the table shows each case's
     // median round (ratios between medians), so one noisy second moves no ratio.
     let rounds = if o.short { 1 } else { 5 };
-    let mut bench = Bench { counters: Some(counters), rows: Vec::new(), secs, exact: checks.clone() };
+    let mut bench = Bench { counters: Some(counters), pg: None, rows: Vec::new(), secs, exact: checks.clone() };
     let floor = fred::types::scripts::Script::from_lua("return 1");
     let _ = floor.load(&client).await;
     complete_keys(&redis, "replay:", 1000).await;
@@ -866,18 +1188,8 @@ async fn run(o: Options) {
                 }
             })
             .await;
-        let idem = redis.clone();
-        let first = bench
-            .case("first execution", "redis", c, move |t, i| {
-                let idem = idem.clone();
-                async move {
-                    let r: R<Receipt> = idem
-                        .run(Call::new(format!("first:{round}:{c}:{t}:{i}")), || async move { Ok(receipt(i)) })
-                        .await;
-                    r.is_ok()
-                }
-            })
-            .await;
+        let first =
+            bench.case("first execution", "redis", c, first_op(redis.clone(), format!("first:{round}:{c}"))).await;
         bench.ratio(first, naive_first);
         telemetry.set(true);
         let idem = redis.clone();
@@ -945,17 +1257,13 @@ async fn run(o: Options) {
         let observed = bench.case("replay, cached + telemetry", "redis", c, replay_op(cached.clone())).await;
         telemetry.set(false);
         bench.ratio(observed, hot);
-        let idem = redis.clone();
-        let conflict = bench
-            .case("conflict", "redis", c, move |_, i| {
-                let idem = idem.clone();
-                async move {
-                    let r: R<()> = idem.run(Call::new(format!("held:{}", i % 64)), || async { Ok(()) }).await;
-                    matches!(r, Err(Error::Conflict { .. }))
-                }
-            })
-            .await;
+        let conflict = bench.case("conflict", "redis", c, conflict_op(redis.clone())).await;
         bench.ratio(conflict, floor_row);
+    }
+    if let Some(pg) = &pg {
+        bench.pg = Some(PgCounters { pool: pg.counters.pool.clone(), postmaster: pg.counters.postmaster });
+        let pg_concurrencies: &[usize] = &[1, 32];
+        pg_rows(&mut bench, pg, rounds, pg_concurrencies).await;
     }
     bench.rows = medians(std::mem::take(&mut bench.rows));
     release.store(true, Ordering::Relaxed);

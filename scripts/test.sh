@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# The whole test suite, on a fresh machine: installs Redis and headless Chromium where missing,
-# then format, lints, docs, and every test (the tests start and stop their own redis-server and
-# chromedriver processes on free ports), and the benchmark's exact round-trip check.
+# The whole test suite, on a fresh machine: installs Redis, PostgreSQL and headless Chromium where
+# missing, then format, lints, docs, and every test (the tests start and stop their own
+# redis-server, PostgreSQL clusters and chromedriver processes on free ports, and make and drop a
+# database of their own on a PostgreSQL already running at 127.0.0.1:5432), and the benchmark's
+# exact round-trip check.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/install-redis.sh
+bash scripts/install-postgres.sh
 bash scripts/install-browser.sh
 
 echo "== cargo fmt --check"

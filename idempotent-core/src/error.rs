@@ -215,6 +215,10 @@ pub enum StoreErrorKind {
     /// Fewer replicas than required acknowledged a write in time (see
     /// `RedisStoreBuilder::replica_acks`).
     Replication,
+    /// The database aborted a transaction to keep transactions serializable (a serialization
+    /// failure or a deadlock, SQLSTATE 40001 or 40P01): nothing of it stayed, and running it again
+    /// may succeed.
+    Serialization,
 }
 
 impl fmt::Display for StoreErrorKind {
@@ -226,6 +230,7 @@ impl fmt::Display for StoreErrorKind {
             StoreErrorKind::Reply => "unexpected reply",
             StoreErrorKind::Config => "configuration error",
             StoreErrorKind::Replication => "too few replicas",
+            StoreErrorKind::Serialization => "serialization failure",
         })
     }
 }
@@ -263,7 +268,7 @@ impl StoreError {
     }
 
     /// The same error with `prefix: ` before its message.
-    #[cfg(feature = "redis")]
+    #[cfg(any(feature = "redis", feature = "postgres"))]
     pub(crate) fn prefixed(mut self, prefix: &str) -> Self {
         self.message = format!("{prefix}: {}", self.message);
         self

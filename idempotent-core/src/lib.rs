@@ -69,6 +69,8 @@ pub use runtime::{
     DEFAULT_MAX_WAITERS_PER_KEY, DEFAULT_TTL, RUNTIME_ENV_VARS,
 };
 pub use store::memory::MemoryStore;
+#[cfg(feature = "postgres")]
+pub use store::postgres::{PgStore, PgStoreBuilder};
 #[cfg(feature = "redis")]
 pub use store::redis::{RedisStore, RedisStoreBuilder};
 pub use store::Store;

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod postgres;
 pub mod proxy;
 pub mod sentinel;
 pub mod tls;
@@ -16,7 +17,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use idempotency::{Idempotency, MemoryStore, RedisStore, Store};
+use idempotency::{Idempotency, MemoryStore, PgStore, RedisStore, Store};
 
 pub use cluster::RedisCluster;
 pub use sentinel::SentinelGroup;
@@ -70,15 +71,25 @@ macro_rules! both_stores {
     };
 }
 
-/// Runs each named `async fn(Backend)` of the including file as five tests: `memory::name`,
+/// Runs each named `async fn(Backend)` of the including file as six tests: `memory::name`,
 /// `redis::name` (a standalone server of the test's own), `cluster::name` (a 3-primary,
-/// 3-replica Redis Cluster), `sentinel::name` (a Sentinel group) and `acl::name` (a standalone
-/// server, the store logged in as a user with only the permissions docs/security.md lists). The cluster and the Sentinel
-/// group are shared by the tests of one binary; each test gets its own key prefix.
+/// 3-replica Redis Cluster), `sentinel::name` (a Sentinel group), `acl::name` (a standalone
+/// server, the store logged in as a user with only the permissions docs/security.md lists) and
+/// `postgres::name` (`PgStore`, in a schema of the test's own). The cluster, the Sentinel group
+/// and the PostgreSQL database are shared by the tests of one binary; each test gets its own key
+/// prefix or schema.
 #[allow(unused_macros)]
 macro_rules! all_stores {
     ($($name:ident),* $(,)?) => {
         both_stores!($($name),*);
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Backend::Postgres).await
+                }
+            )*
+        }
         mod cluster {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -447,6 +458,9 @@ pub enum Backend {
     /// A standalone server of the test's own, the store logged in (username and password in the
     /// URL) as a user restricted by [`ACL_RULES`].
     RedisAcl,
+    /// `PgStore` on the test binary's PostgreSQL database (see [`postgres::shared_database`]),
+    /// its table in a schema of the test's own.
+    Postgres,
 }
 
 /// The least-privilege user of docs/security.md: the store's key prefix and channels, and the
@@ -473,6 +487,7 @@ pub struct Fixture {
     pub server: Option<RedisServer>,
     memory: Option<Arc<MemoryStore>>,
     redis: Vec<RedisStore>,
+    pg: Vec<PgStore>,
 }
 
 impl Fixture {
@@ -489,31 +504,45 @@ impl Fixture {
             redis
         };
         match backend {
-            Backend::Memory => {
-                Fixture { backend, server: None, memory: Some(Arc::new(MemoryStore::new())), redis: Vec::new() }
-            }
+            Backend::Memory => Fixture {
+                backend,
+                server: None,
+                memory: Some(Arc::new(MemoryStore::new())),
+                redis: Vec::new(),
+                pg: Vec::new(),
+            },
             Backend::Redis => {
                 let server = RedisServer::start();
                 let redis = connect_all(server.url(), None).await;
-                Fixture { backend, server: Some(server), memory: None, redis }
+                Fixture { backend, server: Some(server), memory: None, redis, pg: Vec::new() }
             }
             Backend::RedisAcl => {
                 let server = RedisServer::start();
                 create_acl_user(server.port(), ACL_RULES);
                 let redis = connect_all(format!("redis://idem:s3cret@127.0.0.1:{}", server.port()), None).await;
-                Fixture { backend, server: Some(server), memory: None, redis }
+                Fixture { backend, server: Some(server), memory: None, redis, pg: Vec::new() }
             }
             Backend::Cluster => {
                 let url = tokio::task::block_in_place(|| RedisCluster::shared().url());
                 let redis = connect_all(url, Some(unique_prefix("c"))).await;
-                Fixture { backend, server: None, memory: None, redis }
+                Fixture { backend, server: None, memory: None, redis, pg: Vec::new() }
             }
             Backend::Sentinel => {
                 let url = tokio::task::block_in_place(|| SentinelGroup::shared().url());
                 let redis = connect_all(url, Some(unique_prefix("s"))).await;
-                Fixture { backend, server: None, memory: None, redis }
+                Fixture { backend, server: None, memory: None, redis, pg: Vec::new() }
+            }
+            Backend::Postgres => {
+                let url = tokio::task::block_in_place(postgres::shared_database);
+                let pg = postgres::connect_clients(url, &postgres::unique_schema(), clients).await;
+                Fixture { backend, server: None, memory: None, redis: Vec::new(), pg }
             }
         }
+    }
+
+    /// The `PgStore` of client `i` (on `Backend::Postgres` only).
+    pub fn pg_store(&self, i: usize) -> &PgStore {
+        &self.pg[i % self.pg.len()]
     }
 
     /// The store of client `i`.
@@ -523,6 +552,7 @@ impl Fixture {
             Backend::Redis | Backend::RedisAcl | Backend::Cluster | Backend::Sentinel => {
                 Arc::new(self.redis[i % self.redis.len()].clone())
             }
+            Backend::Postgres => Arc::new(self.pg_store(i).clone()),
         }
     }
 
@@ -549,7 +579,7 @@ impl Fixture {
     /// Sends a raw command about one of this fixture's record keys to the node that holds it.
     pub fn raw_command(&self, args: &[&str]) -> Result<String, String> {
         match self.backend {
-            Backend::Memory => panic!("no raw commands on MemoryStore"),
+            Backend::Memory | Backend::Postgres => panic!("no raw Redis commands on {:?}", self.backend),
             Backend::Redis | Backend::RedisAcl => self.server.as_ref().unwrap().command(args),
             Backend::Cluster => RedisCluster::shared().command(args),
             Backend::Sentinel => SentinelGroup::shared().primary_command(args),
@@ -566,7 +596,13 @@ impl Fixture {
                 let rk = self.redis[0].record_key(key);
                 self.raw_command(&["DEL", &rk]).expect("DEL");
             }
+            Backend::Postgres => postgres::delete_record(self.pg_store(0), key),
         }
+    }
+
+    /// Whether the store is one of the Redis backends (raw commands, foreign values at keys).
+    pub fn is_redis(&self) -> bool {
+        matches!(self.backend, Backend::Redis | Backend::RedisAcl | Backend::Cluster | Backend::Sentinel)
     }
 }
 

@@ -57,7 +57,7 @@ impl<S: Clone + Default + Send + Sync + 'static> Channels<S> {
     }
 
     /// Wakes every watcher (changes may have been missed).
-    #[cfg(feature = "redis")]
+    #[cfg(any(feature = "redis", feature = "postgres"))]
     pub(crate) fn notify_all(&self) {
         self.lock().values().for_each(|ch| ch.tx.send_modify(|n| *n += 1));
     }

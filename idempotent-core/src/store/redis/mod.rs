@@ -17,7 +17,7 @@ use fred::types::{CustomCommand, Expiration, SetOptions};
 use tokio::sync::OnceCell;
 
 use super::{
-    AcquireOutcome, AcquireRequest, CommitRequest, Forgotten, Inspected, Lease, PurgeHandler, ScanPage, Store,
+    within, AcquireOutcome, AcquireRequest, CommitRequest, Forgotten, Inspected, Lease, PurgeHandler, ScanPage, Store,
     StoreFuture, Transition, Watcher,
 };
 use crate::error::{StoreError, StoreErrorKind};
@@ -885,15 +885,6 @@ impl RedisStoreBuilder {
 /// The fred command `fut` as a store call: its error mapped, and bounded by `bound`.
 async fn bounded<T>(op: &str, bound: Duration, fut: impl Future<Output = Result<T, Error>>) -> Result<T, StoreError> {
     within(op, bound, async { fut.await.map_err(|e| store_error(op, e)) }).await
-}
-
-/// `fut`, failing with a store error of kind `Timeout` after `bound`.
-async fn within<T>(
-    op: &str,
-    bound: Duration,
-    fut: impl Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    tokio::time::timeout(bound, fut).await.unwrap_or_else(|_| Err(StoreError::timeout(op, bound)))
 }
 
 /// The server's major version, from `INFO server`.

@@ -1,0 +1,242 @@
+//! The statements of `PgStore`, one per transition, built once per store from its table's name.
+//!
+//! Every statement reads the database's clock (`statement_timestamp()`: the start of the
+//! statement; outside a transaction it is `now()`, inside the body's transaction `now()` would be
+//! the transaction's start), and treats a row past its `expires_at` as absent. A statement that
+//! changes several things does so in one statement (data-modifying `WITH`), so each transition is
+//! atomic and one round trip.
+
+/// The most bytes a schema's and a table's names may have together, so that the names derived from
+/// them (the sequence, the index, the notification channels) fit PostgreSQL's 63.
+pub(crate) const MAX_NAME_BYTES: usize = 52;
+
+/// Checks a schema or table name; the reason it is refused otherwise.
+pub(crate) fn check_identifier(what: &str, name: &str) -> Result<(), String> {
+    let valid =
+        name.bytes().enumerate().all(|(i, b)| b == b'_' || b.is_ascii_lowercase() || (i > 0 && b.is_ascii_digit()));
+    if name.is_empty() || !valid {
+        return Err(format!(
+            "{what} {name:?} is not a plain identifier (lower-case ASCII letters, digits and underscores, not \
+             starting with a digit)"
+        ));
+    }
+    Ok(())
+}
+
+/// The statements, with the table's name in them.
+#[derive(Debug)]
+pub(crate) struct Statements {
+    pub(crate) migrate: String,
+    pub(crate) acquire: String,
+    pub(crate) renew: String,
+    pub(crate) commit: String,
+    pub(crate) remove: String,
+    pub(crate) tx_commit: String,
+    pub(crate) tx_remove: String,
+    pub(crate) inspect: String,
+    pub(crate) forget: String,
+    pub(crate) scan: String,
+    pub(crate) reap: String,
+    /// The channel commits and releases of watched keys notify (the payload is the full key).
+    pub(crate) watch_channel: String,
+    /// The channel forgets notify (the payload is the full key).
+    pub(crate) purge_channel: String,
+}
+
+/// Milliseconds from now to `at`, as `bigint` (negative once past).
+const LEFT_MS: &str = "(extract(epoch FROM ({at} - statement_timestamp())) * 1000)::bigint";
+
+impl Statements {
+    pub(crate) fn new(schema: &str, table: &str) -> Statements {
+        let t = format!("\"{schema}\".\"{table}\"");
+        let seq = format!("nextval('\"{schema}\".\"{table}_fence\"')");
+        let watch_channel = format!("{schema}.{table}.w");
+        let purge_channel = format!("{schema}.{table}.p");
+        let left = |at: &str| LEFT_MS.replace("{at}", at);
+        let lease = "statement_timestamp() + $4::bigint * interval '1 millisecond'";
+
+        // $1 key, $2 owner, $3 fingerprint, $4 lease (ms), $5 will wait.
+        // Takes an absent key (the INSERT), or one whose row has expired (the UPDATE); the fencing
+        // token is drawn in RETURNING, after the row is written: a later holder's row can only be
+        // written after this one is gone, so its token is drawn later, and is larger. Otherwise
+        // reports the row as the statement's snapshot shows it (marking it watched for a caller
+        // that will wait): `found` is 'A' (acquired, also a re-sent acquire finding its own row,
+        // which draws a token while it holds the key), 'P', 'C', or 'X' (the row changed between
+        // the snapshot and the write: the caller runs the statement again); no row at all means
+        // the same.
+        let acquire = format!(
+            "WITH ins AS (
+                INSERT INTO {t} (key, state, owner, fingerprint, expires_at)
+                VALUES ($1, 'P', $2, $3, {lease})
+                ON CONFLICT (key) DO NOTHING
+                RETURNING {seq} AS fence
+            ), took AS (
+                UPDATE {t} SET state = 'P', owner = $2, fence = NULL, fingerprint = $3, result = NULL,
+                    stored_at = NULL, expires_at = {lease}, watched = false
+                WHERE key = $1 AND expires_at <= statement_timestamp() AND NOT EXISTS (SELECT FROM ins)
+                RETURNING {seq} AS fence
+            ), marked AS (
+                UPDATE {t} SET watched = true
+                WHERE $5 AND key = $1 AND state = 'P' AND owner <> $2 AND NOT watched
+                    AND expires_at > statement_timestamp() AND NOT EXISTS (SELECT FROM ins)
+                RETURNING 1
+            )
+            SELECT 'A' AS found, fence, NULL::text AS fingerprint, NULL::bytea AS result, 0::bigint AS left_ms,
+                false AS watched, 0::bigint AS marked FROM ins
+            UNION ALL
+            SELECT 'A', fence, NULL, NULL, 0, false, 0 FROM took
+            UNION ALL
+            SELECT CASE
+                    WHEN r.expires_at <= statement_timestamp() THEN 'X'
+                    WHEN r.state = 'P' AND r.owner = $2 THEN 'A'
+                    ELSE r.state END,
+                CASE WHEN r.state = 'P' AND r.owner = $2 AND r.expires_at > statement_timestamp() THEN {seq} END,
+                r.fingerprint, r.result, {left_r}, r.watched, (SELECT count(*) FROM marked)
+            FROM {t} r
+            WHERE r.key = $1 AND NOT EXISTS (SELECT FROM ins) AND NOT EXISTS (SELECT FROM took)",
+            left_r = left("r.expires_at"),
+        );
+
+        // $1 keys, $2 owners, $3 leases (ms): the leases still held, as (key, owner).
+        let renew = format!(
+            "UPDATE {t} AS r SET expires_at = statement_timestamp() + l.lease * interval '1 millisecond'
+            FROM unnest($1::text[], $2::text[], $3::bigint[]) AS l(key, owner, lease)
+            WHERE r.key = l.key AND r.state = 'P' AND r.owner = l.owner AND r.expires_at > statement_timestamp()
+            RETURNING r.key, r.owner"
+        );
+
+        // $1 key, $2 owner, $3 fence, $4 fingerprint, $5 result, $6 keep (ms, > 0).
+        // In progress by this owner, absent or expired: completed. Completed by this acquisition
+        // already (a repeated commit): written again, so that `keep` counts from this commit, as
+        // the caller's replay cache does. Anything else: nothing (`done` = 0, lost).
+        let commit = format!(
+            "WITH up AS (
+                INSERT INTO {t} AS r (key, state, owner, fence, fingerprint, result, stored_at, expires_at)
+                VALUES ($1, 'C', NULL, $3, $4, $5, statement_timestamp(),
+                    statement_timestamp() + $6::bigint * interval '1 millisecond')
+                ON CONFLICT (key) DO UPDATE SET state = 'C', owner = NULL, fence = excluded.fence,
+                    fingerprint = excluded.fingerprint, result = excluded.result, stored_at = excluded.stored_at,
+                    expires_at = excluded.expires_at
+                WHERE (r.state = 'P' AND r.owner = $2) OR r.expires_at <= statement_timestamp()
+                    OR (r.state = 'C' AND r.fence = $3)
+                RETURNING r.watched
+            )
+            SELECT (SELECT count(*) FROM up) AS done,
+                (SELECT count(*) FROM (SELECT pg_notify('{watch_channel}', $1) FROM up WHERE watched) n) AS notified"
+        );
+
+        // $1 key, $2 owner: release, and commit with keep = 0. The row held by this owner goes
+        // (an expired one too, anyone's); `released` says ours went, `other` that a live row of
+        // someone else's is there (lost). Neither: the key was absent, done.
+        let remove = format!(
+            "WITH gone AS (
+                DELETE FROM {t}
+                WHERE key = $1 AND ((state = 'P' AND owner = $2) OR expires_at <= statement_timestamp())
+                RETURNING watched, state = 'P' AND owner = $2 AND expires_at > statement_timestamp() AS ours
+            )
+            SELECT EXISTS (SELECT FROM gone WHERE ours) AS released,
+                EXISTS (SELECT FROM {t} WHERE key = $1 AND expires_at > statement_timestamp()
+                    AND NOT (state = 'P' AND owner = $2)) AS other,
+                (SELECT count(*) FROM (SELECT pg_notify('{watch_channel}', $1) FROM gone WHERE watched) n) AS notified"
+        );
+
+        // In the body's transaction, $1 key, $2 owner, $3 fence, $4 fingerprint, $5 result, $6 keep
+        // (ms, > 0): the row in progress held by this owner becomes completed (`done` = 1), or
+        // nothing happens (0: the key is not this owner's any more, the transaction rolls back).
+        // Only an UPDATE: an absent row is not written, so a call whose runtime is not on this
+        // table cannot complete a key here.
+        let tx_commit = format!(
+            "WITH up AS (
+                UPDATE {t} SET state = 'C', owner = NULL, fence = $3, fingerprint = $4, result = $5,
+                    stored_at = statement_timestamp(),
+                    expires_at = statement_timestamp() + $6::bigint * interval '1 millisecond'
+                WHERE key = $1 AND state = 'P' AND owner = $2
+                RETURNING watched
+            )
+            SELECT (SELECT count(*) FROM up) AS done,
+                (SELECT count(*) FROM (SELECT pg_notify('{watch_channel}', $1) FROM up WHERE watched) n) AS notified"
+        );
+        // The same with keep = 0: the row goes.
+        let tx_remove = format!(
+            "WITH gone AS (DELETE FROM {t} WHERE key = $1 AND state = 'P' AND owner = $2 RETURNING watched)
+            SELECT (SELECT count(*) FROM gone) AS done,
+                (SELECT count(*) FROM (SELECT pg_notify('{watch_channel}', $1) FROM gone WHERE watched) n) AS notified"
+        );
+
+        let columns = format!(
+            "key, state, owner, fence, fingerprint, result, (extract(epoch FROM stored_at) * 1000)::bigint AS stored_ms, \
+             {} AS left_ms, watched",
+            left("expires_at")
+        );
+        let inspect = format!("SELECT {columns} FROM {t} WHERE key = $1 AND expires_at > statement_timestamp()");
+
+        // $1 key, $2 forced: deletes a completed row (an in-progress one when forced), waking its
+        // waiters and telling every process following purges.
+        let forget = format!(
+            "WITH gone AS (
+                DELETE FROM {t} WHERE key = $1 AND expires_at > statement_timestamp() AND (state = 'C' OR $2)
+                RETURNING state, watched
+            )
+            SELECT (SELECT state FROM gone) AS deleted,
+                (SELECT state FROM {t} WHERE key = $1 AND expires_at > statement_timestamp()) AS found,
+                (SELECT count(*) FROM (SELECT pg_notify('{watch_channel}', $1) FROM gone WHERE watched) w)
+                + (SELECT count(*) FROM (SELECT pg_notify('{purge_channel}', $1) FROM gone) p) AS notified"
+        );
+
+        // $1 prefix, $2 last key of the previous page ('' on the first), $3 rows: a page in key
+        // order from the prefix on; the caller stops at the first key past the prefix.
+        let scan = format!(
+            "SELECT {columns}, expires_at > statement_timestamp() AS live FROM {t}
+            WHERE key >= $1 AND key > $2 ORDER BY key LIMIT $3"
+        );
+
+        // $1 rows at most: expired rows, oldest first, skipping rows a transition holds.
+        let reap = format!(
+            "DELETE FROM {t} WHERE ctid = ANY(ARRAY(
+                SELECT ctid FROM {t} WHERE expires_at <= statement_timestamp()
+                ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED))
+            AND expires_at <= statement_timestamp()"
+        );
+
+        Statements {
+            migrate: include_str!("schema.sql").replace("{schema}", schema).replace("{table}", table),
+            acquire,
+            renew,
+            commit,
+            remove,
+            tx_commit,
+            tx_remove,
+            inspect,
+            forget,
+            scan,
+            reap,
+            watch_channel,
+            purge_channel,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identifiers_are_plain() {
+        for good in ["idempotency", "_x", "a1_b2"] {
+            assert!(check_identifier("table", good).is_ok(), "{good}");
+        }
+        for bad in ["", "1a", "Upper", "a-b", "a\"b", "a b", "é"] {
+            assert!(check_identifier("table", bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn names_land_in_the_statements() {
+        let s = Statements::new("svc", "records");
+        assert!(
+            s.acquire.contains("\"svc\".\"records\"") && s.acquire.contains("nextval('\"svc\".\"records_fence\"')")
+        );
+        assert!(s.migrate.contains("CREATE TABLE IF NOT EXISTS \"svc\".\"records\"") && !s.migrate.contains('{'));
+        assert_eq!((s.watch_channel.as_str(), s.purge_channel.as_str()), ("svc.records.w", "svc.records.p"));
+    }
+}
