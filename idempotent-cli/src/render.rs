@@ -143,7 +143,7 @@ pub fn record_text(view: &RecordView, record_key: &str, now: SystemTime) -> Stri
     };
     let result = match (view.state, view.result_bytes()) {
         (RecordState::InProgress, _) => dash(),
-        (RecordState::Completed, None) => "not stored (over the size limit: a duplicate gets Error::Duplicate)".into(),
+        (RecordState::Completed, None) => "not stored (not replayable: over the size limit, or a value that does not read back as itself; a duplicate gets Error::Duplicate)".into(),
         (RecordState::Completed, Some(n)) => format!("{n} bytes"),
     };
     let rows = [
