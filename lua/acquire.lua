@@ -20,13 +20,15 @@ if rec == false then
   return { 'corrupt', why }
 end
 if rec == nil then
-  local now = now_us()
-  redis.call('SET', key, encode({ s = 'P', n = int(now), o = owner, f = fp }), 'PX', lease)
-  return { 'acquired', now }
+  -- The same record a plain `SET NX GET` acquire writes (fence '0', see lib.lua), so that a
+  -- commit compares it whole (`SET ... IFEQ`, or commit.lua's fast path) whichever way the key
+  -- was taken. The fence is the server's time now, after any earlier holder's record was gone.
+  redis.call('SET', key, encode({ s = 'P', n = '0', o = owner, f = fp }), 'PX', lease)
+  return { 'acquired', now_us() }
 end
 if rec.s == 'P' and rec.o == owner then
-  -- A plain acquire's record carries no fence ('0'): the server's time now is one, taken while
-  -- this owner holds the key.
+  -- A re-sent acquire: the server's time now is a fence too, taken while this owner holds the
+  -- key. (Records written by earlier versions carry their fence.)
   if rec.n == '0' then
     return { 'acquired', now_us() }
   end

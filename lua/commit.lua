@@ -6,14 +6,15 @@
 -- ARGV[1]  owner id
 -- ARGV[2]  keep: how long the completed record lives, in milliseconds (0: delete it now)
 -- ARGV[3]  fencing token of the acquisition
--- ARGV[4]  the record a parameter-mode acquisition by this owner writes (see record.rs)
+-- ARGV[4]  the record an acquisition by this owner writes (see record.rs)
 -- ARGV[5]  the completed record to write (built by the caller: see lib.lua)
 -- Returns {'ok'}, {'lost'} (another owner holds or completed the key), or {'corrupt', reason}
 
 -- Fast path, before the helpers are even defined: the key still holds exactly what this
 -- owner's acquisition wrote (so it is held by this owner and nobody waits on it). Otherwise
--- (token mode, a waiter marked the record, the lease was lost) the full path below decodes
--- what was read here.
+-- (a waiter marked the record, the lease was lost, committed already) the full path below
+-- decodes what was read here. On a server with `SET ... IFEQ` the store tries that first, and
+-- runs this script only when it did not match.
 local current = redis.pcall('GET', KEYS[1])
 if current == ARGV[4] then
   if tonumber(ARGV[2]) > 0 then

@@ -6,11 +6,12 @@
 --   s|n|o|f|t|w|r
 --
 --   s   state: 'P' in progress, 'C' completed
---   n   fencing token of the acquisition: the server's clock in microseconds when the key was
---       taken by a script; 0 in the record of a plain `SET NX GET` acquire, whose token is the
---       server's `TIME` read right after it (a C record always carries the acquisition's token)
---   o   owner id of the attempt holding the key (P only); the runtime's owner ids begin with
---       the time the attempt started (see docs/records.md)
+--   n   fencing token: 0 while P (the acquire's token is the server's `TIME` read right after
+--       the record was written, returned to the caller and not stored, so that every P record
+--       of an owner is the same string, which a commit can compare whole); in a C record, the
+--       token of the acquisition that completed it (the server's clock in microseconds)
+--   o   owner id of the attempt holding the key (P only); the runtime's owner ids carry the
+--       time the attempt started (see docs/records.md)
 --   f   fingerprint of the payload the key was first used with
 --   t   C only: when the result was stored (unix ms), by the committing client's clock: for
 --       operators (age filters), never for a decision

@@ -125,6 +125,8 @@ pub struct RedisServer {
     dir: PathBuf,
     /// What the server is started with besides the common options (see [`RedisServer::start_with`]).
     setup: Arc<Setup>,
+    /// The server binary: `$REDIS_SERVER`, `redis-server`, or one a test names.
+    binary: String,
 }
 
 /// How a server is started: `leading` arguments (a config file must come first) and `trailing`
@@ -137,8 +139,34 @@ pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("no free port").port()
 }
 
-fn redis_server_binary() -> String {
+/// The server binary the tests run: `$REDIS_SERVER` (scripts/test.sh runs the suites whose
+/// behaviour depends on the server a second time with a Valkey there), or `redis-server`.
+pub fn redis_server_binary() -> String {
     std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into())
+}
+
+/// A Valkey 8.1 server binary: `$VALKEY_SERVER`, else what `scripts/install-valkey.sh` prints
+/// (a cached build at once; the first time on a machine it builds one, about 5 minutes).
+pub fn valkey_server_binary() -> String {
+    static BINARY: OnceLock<String> = OnceLock::new();
+    BINARY
+        .get_or_init(|| {
+            if let Ok(path) = std::env::var("VALKEY_SERVER") {
+                return path;
+            }
+            // The workspace root, from this crate or from a member crate's tests.
+            let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+            let script = [manifest, manifest.parent().unwrap_or(manifest)]
+                .iter()
+                .map(|dir| dir.join("scripts/install-valkey.sh"))
+                .find(|s| s.exists())
+                .expect("scripts/install-valkey.sh");
+            let out =
+                Command::new("bash").arg(&script).stderr(Stdio::inherit()).output().expect("run install-valkey.sh");
+            assert!(out.status.success(), "scripts/install-valkey.sh failed");
+            String::from_utf8(out.stdout).unwrap().lines().last().expect("install-valkey.sh printed no path").to_owned()
+        })
+        .clone()
 }
 
 /// `redis-cli` (for `--cluster create`), or `$REDIS_CLI`.
@@ -212,11 +240,17 @@ impl RedisServer {
     /// Starts a server with arguments of its own (see [`Setup`]) on a free port and waits until
     /// it answers PING.
     pub fn start_with(setup: Arc<Setup>) -> RedisServer {
+        Self::start_binary(&redis_server_binary(), setup)
+    }
+
+    /// Starts `binary` (a `redis-server` or a `valkey-server`) with arguments of its own on a
+    /// free port and waits until it answers PING.
+    pub fn start_binary(binary: &str, setup: Arc<Setup>) -> RedisServer {
         for _ in 0..5 {
             let port = free_port();
             let dir = std::env::temp_dir().join(format!("idem-redis-{}-{port}", std::process::id()));
             std::fs::create_dir_all(&dir).expect("temp dir");
-            let mut server = RedisServer { child: None, port, dir, setup: setup.clone() };
+            let mut server = RedisServer { child: None, port, dir, setup: setup.clone(), binary: binary.to_owned() };
             if server.spawn() {
                 return server;
             }
@@ -226,7 +260,7 @@ impl RedisServer {
 
     fn spawn(&mut self) -> bool {
         let (leading, trailing) = (self.setup)(self.port, &self.dir);
-        let mut cmd = Command::new(redis_server_binary());
+        let mut cmd = Command::new(&self.binary);
         cmd.args(leading)
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .args(["--dir", self.dir.to_str().unwrap(), "--logfile", "redis.log", "--daemonize", "no"])
@@ -236,7 +270,7 @@ impl RedisServer {
             .stderr(Stdio::null());
         let child = match spawn_tied(cmd) {
             Ok(c) => c,
-            Err(e) => panic!("cannot run {}: {e} (scripts/install-redis.sh installs it)", redis_server_binary()),
+            Err(e) => panic!("cannot run {}: {e} (scripts/install-redis.sh installs it)", self.binary),
         };
         LIVE.lock().unwrap_or_else(|p| p.into_inner()).push((child.id(), self.dir.clone()));
         self.child = Some(child);

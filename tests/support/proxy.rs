@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::io::ErrorKind;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -52,7 +52,7 @@ pub struct ProxyStats {
 }
 
 struct State {
-    upstream: u16,
+    upstream: AtomicU16,
     latency_us: [AtomicU64; 2],
     black_hole: AtomicBool,
     cut: Mutex<Option<Cut>>,
@@ -132,7 +132,7 @@ impl Proxy {
         listener.set_nonblocking(true).expect("nonblocking listener");
         let port = listener.local_addr().unwrap().port();
         let state = Arc::new(State {
-            upstream,
+            upstream: AtomicU16::new(upstream),
             latency_us: [AtomicU64::new(0), AtomicU64::new(0)],
             black_hole: AtomicBool::new(false),
             cut: Mutex::new(None),
@@ -160,6 +160,12 @@ impl Proxy {
             })
             .expect("proxy thread");
         Proxy { port, state, shutdown: Some(tx), thread: Some(thread) }
+    }
+
+    /// Sends the connections made from now on to the server on `upstream` (those open stay
+    /// where they are: [`Proxy::drop_all`] moves them).
+    pub fn set_upstream(&self, upstream: u16) {
+        self.state.upstream.store(upstream, SeqCst);
     }
 
     /// A `redis://` URL through the proxy.
@@ -254,7 +260,7 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>) {
         let mut conns = lock(&state.conns);
         let task = tokio::spawn(async move {
             let _registered = Deregister(st.clone(), id);
-            if let Ok(server) = TcpStream::connect(("127.0.0.1", st.upstream)).await {
+            if let Ok(server) = TcpStream::connect(("127.0.0.1", st.upstream.load(SeqCst))).await {
                 let _ = server.set_nodelay(true);
                 serve(&st, &client, &server).await;
             }

@@ -52,8 +52,8 @@ pub struct RecordView {
     /// In progress or completed.
     pub state: RecordState,
     /// The acquisition's fencing token, when the record carries it (a completed record always
-    /// does; an in-progress one taken by a plain `SET NX GET` on Redis does not: its token was
-    /// the server's `TIME` read after it).
+    /// does; an in-progress one on Redis does not: its token is the server's `TIME` read right
+    /// after the acquire, returned to the holder and not stored).
     pub fence: Option<u64>,
     /// In progress: the owner id of the attempt holding the key.
     pub owner: Option<String>,

@@ -1,7 +1,8 @@
 //! `RedisStore`: the production store, on the `fred` client. Each transition is one command:
-//! a Lua script (see `lua/`), or, for a parameter-mode acquire, a plain `SET NX GET` whose
-//! reply is read here (a script costs Redis several times a plain command), with a `TIME`
-//! right behind it on the same connection for the fencing token. Each call is bounded by the
+//! a Lua script (see `lua/`), or a plain command where one keeps the same guarantees (a script
+//! costs Redis several times a plain command): for a parameter-mode acquire, `SET NX GET`, whose
+//! reply is read here, with a `TIME` right behind it on the same connection for the fencing
+//! token; for a commit on a server with compare-and-set, `SET IFEQ` (see `server.rs`). Each call is bounded by the
 //! store's own timeout, and the client reconnects by itself. Time always comes from the server:
 //! the store keeps no estimate of Redis's clock.
 
@@ -27,6 +28,7 @@ mod keys;
 mod record;
 mod replies;
 mod scripts;
+mod server;
 mod supervise;
 #[cfg(feature = "tls")]
 mod tls;
@@ -34,6 +36,7 @@ mod url;
 mod watch;
 
 pub use fred;
+pub use server::CommitPath;
 
 /// The default prefix of every key the store writes.
 pub const DEFAULT_PREFIX: &str = "idem";
@@ -70,9 +73,15 @@ struct Inner {
     /// The connection supervisors, aborted when the store drops.
     tasks: Vec<tokio::task::JoinHandle<()>>,
     clustered: bool,
+    /// What the server is (read at connect), for `server()`.
+    server: server::Server,
     /// The server takes `SET ... NX GET` (Redis 7.0 and later): parameter-mode acquires need no
     /// script.
     plain_acquire: bool,
+    /// The server takes `SET ... IFEQ` (Valkey 8.1, Redis 8.4): a commit that finds the record
+    /// as its acquire wrote it needs no script. Turned off for good if the server refuses it
+    /// after all (a node of an older version in a cluster being upgraded).
+    compare_and_set: AtomicBool,
     subscriptions: OnceCell<watch::Subscriptions>,
 }
 
@@ -190,6 +199,24 @@ impl RedisStore {
     /// `redis-cli GET <it>` shows the record (see `lua/lib.lua` for its fields).
     pub fn record_key(&self, key: &str) -> String {
         keys::record_key(&self.inner.prefix, key)
+    }
+
+    /// The server the store connected to and its version, as `INFO server` reports them:
+    /// `redis 7.0.15`, `valkey 8.1.1`.
+    pub fn server(&self) -> String {
+        self.inner.server.to_string()
+    }
+
+    /// How commits run on this server: a plain `SET ... IFEQ` where the server has it (Valkey
+    /// 8.1+, Redis 8.4+), the commit script elsewhere. Releases, and commits that keep nothing
+    /// (a lock), always run their script: `DELIFEQ` (Valkey 9) and `DELEX` (Redis 8.4) are not
+    /// used yet.
+    pub fn commit_path(&self) -> CommitPath {
+        if self.inner.compare_and_set.load(Ordering::Relaxed) {
+            CommitPath::CompareAndSet
+        } else {
+            CommitPath::Script
+        }
     }
 
     /// The connection pool, for commands of your own next to the store's.
@@ -349,10 +376,15 @@ impl RedisStore {
     }
 
     async fn commit_inner(&self, req: CommitRequest<'_>) -> Result<Transition, StoreError> {
-        // What a parameter-mode acquire by this owner wrote: the script's fast path compares it
-        // whole instead of decoding the record.
+        // What an acquire by this owner wrote: the compare-and-set and the script's fast path
+        // compare it whole instead of decoding the record.
         let pending = record::pending(req.owner, req.fingerprint);
         let completed = bytes::Bytes::from(record::completed(req.fence, req.fingerprint, unix_ms_now(), req.result));
+        let compare_and_set = !req.keep.is_zero() && self.inner.compare_and_set.load(Ordering::Relaxed);
+        if compare_and_set && self.commit_compare_and_set(&req, &pending, &completed).await? {
+            self.replicated("commit", req.key).await?;
+            return Ok(Transition::Done);
+        }
         let args = || {
             vec![
                 req.owner.into(),
@@ -368,6 +400,41 @@ impl RedisStore {
             self.replicated("commit", req.key).await?;
         }
         Ok(outcome)
+    }
+
+    /// `SET key <completed> IFEQ <pending> PX keep`: true when it set the record (the key held
+    /// exactly this owner's pending record), false when the script must decide (anything else
+    /// at the key, or a server that turned out not to take `IFEQ`).
+    async fn commit_compare_and_set(
+        &self,
+        req: &CommitRequest<'_>,
+        pending: &str,
+        completed: &bytes::Bytes,
+    ) -> Result<bool, StoreError> {
+        let set = CustomCommand::new_static("SET", fred::types::ClusterHash::FirstKey, false);
+        let args: Vec<Value> = vec![
+            self.record_key(req.key).into(),
+            Value::Bytes(completed.clone()),
+            "IFEQ".into(),
+            pending.into(),
+            "PX".into(),
+            millis(req.keep).into(),
+        ];
+        let reply = Box::pin(self.client_for(req.key).custom::<Value, Value>(set, args));
+        match within("commit", self.inner.timeout, async { Ok(reply.await) }).await? {
+            Ok(Value::Null) => Ok(false),
+            Ok(Value::String(ok)) if &*ok == "OK" => Ok(true),
+            Ok(other) => Err(StoreError::reply("commit", format_args!("SET IFEQ replied {other:?}"))),
+            Err(e) if e.details().to_ascii_lowercase().contains("syntax error") => {
+                self.inner.compare_and_set.store(false, Ordering::Relaxed);
+                tracing::warn!(
+                    server = %self.inner.server,
+                    "idempotency store: the server refused SET ... IFEQ; commits run the script from now on"
+                );
+                Ok(false)
+            }
+            Err(e) => Err(store_error("commit", e)),
+        }
     }
 
     /// With replica acknowledgement on: `WAIT`s, on the connection that wrote `key`, for the
@@ -849,10 +916,10 @@ impl RedisStoreBuilder {
             for script in scripts::all() {
                 let _ = script.load(pool.next()).await;
             }
-            server_version(pool.next()).await
+            server_info(pool.next()).await
         };
-        let version = match within("connect", self.connect_timeout, ready).await.map_err(named) {
-            Ok(version) => version,
+        let server = match within("connect", self.connect_timeout, ready).await.map_err(named) {
+            Ok(server) => server,
             Err(e) => {
                 // Not awaited: closing a client that never connected can itself wait.
                 closing.store(true, Ordering::Release);
@@ -865,7 +932,7 @@ impl RedisStoreBuilder {
                 return Err(e);
             }
         };
-        Ok(RedisStore {
+        let store = RedisStore {
             inner: Arc::new(Inner {
                 pool,
                 builder,
@@ -875,10 +942,20 @@ impl RedisStoreBuilder {
                 closing,
                 tasks,
                 clustered,
-                plain_acquire: version >= 7,
+                plain_acquire: server.has_set_nx_get(),
+                compare_and_set: AtomicBool::new(server.has_set_ifeq()),
+                server,
                 subscriptions: OnceCell::new(),
             }),
-        })
+        };
+        tracing::debug!(
+            server = %store.inner.server,
+            acquire = if store.inner.plain_acquire { "SET NX GET" } else { "script" },
+            commit = %store.commit_path(),
+            release = "script",
+            "idempotency store connected"
+        );
+        Ok(store)
     }
 }
 
@@ -887,16 +964,13 @@ async fn bounded<T>(op: &str, bound: Duration, fut: impl Future<Output = Result<
     within(op, bound, async { fut.await.map_err(|e| store_error(op, e)) }).await
 }
 
-/// The server's major version, from `INFO server`.
-async fn server_version(client: &Client) -> Result<u32, StoreError> {
+/// What the server is, from `INFO server`.
+async fn server_info(client: &Client) -> Result<server::Server, StoreError> {
     let info: String = client
         .info(Some(fred::types::InfoKind::Server))
         .await
         .map_err(|e| store_error("read the server's version", e))?;
-    let version = info.lines().find_map(|l| l.strip_prefix("redis_version:")).unwrap_or_default().trim();
-    version.split('.').next().and_then(|major| major.parse().ok()).ok_or_else(|| {
-        StoreError::reply("read the server's version", format_args!("no redis_version in INFO: {version:?}"))
-    })
+    server::Server::from_info(&info)
 }
 
 /// The servers a fred configuration names, for error messages.
@@ -1063,6 +1137,8 @@ impl std::fmt::Debug for RedisStore {
             .field("prefix", &self.inner.prefix)
             .field("timeout", &self.inner.timeout)
             .field("clustered", &self.inner.clustered)
+            .field("server", &self.inner.server.to_string())
+            .field("commit_path", &self.commit_path())
             .finish_non_exhaustive()
     }
 }

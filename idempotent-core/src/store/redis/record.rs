@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::store::{AcquireOutcome, RecordState, RecordView};
 
-/// The IN_PROGRESS record a parameter-mode acquire writes: `P|0|owner|fingerprint|||`. Its
+/// The IN_PROGRESS record every acquire writes (plain or script): `P|0|owner|fingerprint|||`. Its
 /// fencing token is not in it (`0`): the server's `TIME`, read right after this record was
 /// written, is. A commit passes it back to its script, which takes the fast path when the key
 /// still holds exactly this string (held by this owner, unwatched).

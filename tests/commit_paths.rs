@@ -1,0 +1,274 @@
+//! Which commands the transitions use on which server, by exact counts the server keeps
+//! (`INFO commandstats`), each test on a Redis 7.0 and on a Valkey 8.1 in turn: on Valkey a
+//! first execution is a `SET NX GET`, a `TIME` and a `SET IFEQ`, no script; a commit that does
+//! not find exactly its own pending record (a waiter marked it, the lease was lost) runs the
+//! script and decides as on Redis; on Redis 7.0 every commit is the script.
+
+#[macro_use]
+mod support;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idempotency::store::redis::CommitPath;
+use idempotency::{Call, Idempotency, OnConflict, RedisStore};
+use support::{ms, AppError, RedisServer, R};
+
+/// The two servers, started fresh: (what `RedisStore::server()` should start with, the server).
+fn servers() -> Vec<(&'static str, RedisServer)> {
+    let plain = Arc::new(|_: u16, _: &std::path::Path| (Vec::new(), Vec::new()));
+    vec![
+        ("redis 7.", RedisServer::start_binary("redis-server", plain.clone())),
+        ("valkey 8.1.", RedisServer::start_binary(&support::valkey_server_binary(), plain)),
+    ]
+}
+
+/// `cmdstat_<name>:calls=N` for every command the server ran since the last `CONFIG RESETSTAT`.
+fn calls(server: &RedisServer) -> HashMap<String, u64> {
+    let info = server.command(&["INFO", "commandstats"]).expect("INFO commandstats");
+    info.lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            let n = rest.split(',').find_map(|f| f.strip_prefix("calls="))?.parse().ok()?;
+            Some((name.to_owned(), n))
+        })
+        .collect()
+}
+
+fn count(stats: &HashMap<String, u64>, name: &str) -> u64 {
+    stats.get(name).copied().unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_executions_use_plain_commands_where_the_server_has_compare_and_set() {
+    for (expected, server) in servers() {
+        let store = RedisStore::connect(&server.url()).await.unwrap();
+        assert!(store.server().starts_with(expected), "{} is not {expected}*", store.server());
+        let valkey = expected.starts_with("valkey");
+        let path = if valkey { CommitPath::CompareAndSet } else { CommitPath::Script };
+        assert_eq!(store.commit_path(), path, "{}", store.server());
+        assert!(format!("{store:?}").contains(&format!("commit_path: {path:?}")));
+        let idem = Idempotency::new(store.clone());
+
+        server.command(&["CONFIG", "RESETSTAT"]).unwrap();
+        for i in 0..20u32 {
+            let got: R<u32> = idem.run(Call::new(format!("first:{i}")), || async move { Ok(i) }).await;
+            assert_eq!(got.unwrap(), i);
+        }
+        // Commands a script runs count too: on Redis the commit script's GET and SET.
+        let stats = calls(&server);
+        let scripts = count(&stats, "evalsha") + count(&stats, "eval");
+        let counted = (count(&stats, "set"), count(&stats, "time"), scripts, count(&stats, "get"));
+        if valkey {
+            // SET NX GET, TIME, SET IFEQ: no script, nothing read back.
+            assert_eq!(counted, (40, 20, 0, 0), "{expected}: {stats:?}");
+        } else {
+            assert_eq!(counted, (40, 20, 20, 20), "{expected}: {stats:?}");
+        }
+        // And they replay as themselves.
+        let replayed: R<u32> = idem.run(Call::new("first:7"), || async { Ok(0) }).await;
+        assert_eq!(replayed.unwrap(), 7);
+        let stored = server.command(&["GET", &store.record_key(&Call::new("first:7").full_key())]).unwrap();
+        assert!(stored.starts_with("C|") && stored.ends_with("|7"), "{stored}");
+    }
+}
+
+/// A waiter marks the holder's record: the compare-and-set does not match, the commit runs the
+/// script, which publishes the result, and the waiter replays it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_that_finds_a_waiter_runs_the_script_and_wakes_it() {
+    for (expected, server) in servers() {
+        let idem = Idempotency::new(RedisStore::connect(&server.url()).await.unwrap());
+        let (started_tx, started) = tokio::sync::oneshot::channel();
+        let (finish, finish_rx) = tokio::sync::oneshot::channel::<()>();
+        let holder = tokio::spawn({
+            let idem = idem.clone();
+            async move {
+                let r: R<String> = idem
+                    .run(Call::new("waited"), || async move {
+                        started_tx.send(()).unwrap();
+                        finish_rx.await.unwrap();
+                        Ok("done".to_owned())
+                    })
+                    .await;
+                r
+            }
+        });
+        started.await.unwrap();
+        server.command(&["CONFIG", "RESETSTAT"]).unwrap();
+        let waiter = tokio::spawn({
+            let idem = idem.clone();
+            async move {
+                let r: R<String> = idem
+                    .run(Call::new("waited").on_conflict(OnConflict::Wait(Duration::from_secs(10))), || async {
+                        Ok("ran twice".to_owned())
+                    })
+                    .await;
+                r
+            }
+        });
+        // The waiter's acquire marked the record watched.
+        support::eventually(Duration::from_secs(5), "the waiter's acquire", || {
+            let stats = calls(&server);
+            std::future::ready((count(&stats, "evalsha") + count(&stats, "eval") >= 1).then_some(()))
+        })
+        .await;
+        finish.send(()).unwrap();
+        assert_eq!(holder.await.unwrap().unwrap(), "done");
+        assert_eq!(waiter.await.unwrap().unwrap(), "done", "{expected}");
+        // The commit script published the completion (the compare-and-set never does).
+        let stats = calls(&server);
+        assert_eq!(count(&stats, "publish"), 1, "{expected}: {stats:?}");
+    }
+}
+
+/// A holder whose lease ran out and whose key another caller took: its commit finds another
+/// owner's record, on the compare-and-set path as on the script's, and stores nothing (the
+/// caller gets its body's value, as documented); the new holder keeps the key and its result is
+/// the one replayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_commit_stores_nothing_on_both_paths() {
+    for (expected, server) in servers() {
+        let store = RedisStore::connect(&server.url()).await.unwrap();
+        let idem = Idempotency::new(store.clone());
+        let first = tokio::spawn({
+            let idem = idem.clone();
+            async move {
+                let r: R<String> = idem
+                    .run(Call::new("lost").ttl(ms(300)).renew(false), || async {
+                        tokio::time::sleep(ms(700)).await;
+                        Ok("late".to_owned())
+                    })
+                    .await;
+                r
+            }
+        });
+        tokio::time::sleep(ms(450)).await;
+        let (taken_tx, taken) = tokio::sync::oneshot::channel();
+        let (finish, finish_rx) = tokio::sync::oneshot::channel::<()>();
+        let second = tokio::spawn({
+            let idem = idem.clone();
+            async move {
+                let r: R<String> = idem
+                    .run(Call::new("lost"), || async move {
+                        taken_tx.send(()).unwrap();
+                        finish_rx.await.unwrap();
+                        Ok("second".to_owned())
+                    })
+                    .await;
+                r
+            }
+        });
+        taken.await.unwrap();
+        assert_eq!(first.await.unwrap().unwrap(), "late", "{expected}");
+        let record = server.command(&["GET", &store.record_key(&Call::new("lost").full_key())]).unwrap();
+        assert!(record.starts_with("P|"), "{expected}: the late commit overwrote the holder's record: {record}");
+        finish.send(()).unwrap();
+        assert_eq!(second.await.unwrap().unwrap(), "second", "{expected}");
+        let replay: R<String> = idem.run(Call::new("lost"), || async { Ok("third".to_owned()) }).await;
+        assert_eq!(replay.unwrap(), "second", "{expected}");
+    }
+}
+
+/// A waiter that takes the key after its holder gave it back does so with the acquire script,
+/// which writes the same pending record as a plain acquire (no fence in it, nobody marked as
+/// waiting): its commit is the compare-and-set where the server has it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_taken_by_the_acquire_script_commits_without_it() {
+    for (expected, server) in servers() {
+        let store = RedisStore::connect(&server.url()).await.unwrap();
+        let idem = Idempotency::new(store.clone());
+        let record_key = store.record_key(&Call::new("handed-over").full_key());
+        let (started_tx, started) = tokio::sync::oneshot::channel();
+        let (fail, fail_rx) = tokio::sync::oneshot::channel::<()>();
+        let holder = tokio::spawn({
+            let idem = idem.clone();
+            async move {
+                let r: R<u32> = idem
+                    .run(Call::new("handed-over"), || async move {
+                        started_tx.send(()).unwrap();
+                        fail_rx.await.unwrap();
+                        Err(AppError::Failed("gave up"))
+                    })
+                    .await;
+                r
+            }
+        });
+        started.await.unwrap();
+        let (running_tx, running) = tokio::sync::oneshot::channel();
+        let (finish, finish_rx) = tokio::sync::oneshot::channel::<()>();
+        let waiter = tokio::spawn({
+            let idem = idem.clone();
+            async move {
+                let call = Call::new("handed-over").on_conflict(OnConflict::Wait(Duration::from_secs(10)));
+                let r: R<u32> = idem
+                    .run(call, || async move {
+                        running_tx.send(()).unwrap();
+                        finish_rx.await.unwrap();
+                        Ok(5)
+                    })
+                    .await;
+                r
+            }
+        });
+        let fields = |record: &str| record.split('|').map(str::to_owned).collect::<Vec<_>>();
+        support::eventually(Duration::from_secs(5), "the waiter marks the record", || {
+            let record = server.command(&["GET", &record_key]).unwrap_or_default();
+            std::future::ready((fields(&record).get(5).map(String::as_str) == Some("1")).then_some(()))
+        })
+        .await;
+        fail.send(()).unwrap();
+        assert!(matches!(holder.await.unwrap(), Err(AppError::Failed(_))));
+        running.await.unwrap();
+        let record = fields(&server.command(&["GET", &record_key]).unwrap());
+        assert_eq!(
+            (record[0].as_str(), record[1].as_str(), record[5].as_str()),
+            ("P", "0", ""),
+            "{expected}: {record:?}"
+        );
+        server.command(&["CONFIG", "RESETSTAT"]).unwrap();
+        finish.send(()).unwrap();
+        assert_eq!(waiter.await.unwrap().unwrap(), 5, "{expected}");
+        let stats = calls(&server);
+        let scripts = count(&stats, "evalsha") + count(&stats, "eval");
+        assert_eq!(scripts, if expected.starts_with("valkey") { 0 } else { 1 }, "{expected}: {stats:?}");
+    }
+}
+
+/// A store that found compare-and-set at connect and then reaches a server without it (here a
+/// Redis 7.0 behind the same address, as a node of an older version in a cluster being
+/// upgraded): the server refuses `SET ... IFEQ`, the commit runs the script instead and
+/// succeeds, and the store commits with the script from then on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_refuses_compare_and_set_gets_the_script() {
+    let plain = Arc::new(|_: u16, _: &std::path::Path| (Vec::new(), Vec::new()));
+    let valkey = RedisServer::start_binary(&support::valkey_server_binary(), plain.clone());
+    let redis = RedisServer::start_binary("redis-server", plain);
+    let proxy = support::proxy::Proxy::start(valkey.port());
+    let store = RedisStore::connect(&proxy.url()).await.unwrap();
+    assert_eq!(store.commit_path(), CommitPath::CompareAndSet);
+    let idem = Idempotency::new(store.clone());
+
+    proxy.set_upstream(redis.port());
+    proxy.drop_all();
+    let got: R<u32> = idem.run(Call::new("moved"), || async { Ok(3) }).await;
+    assert_eq!(got.unwrap(), 3);
+    assert_eq!(store.commit_path(), CommitPath::Script);
+    // Redis refused the SET IFEQ (a failed call), then the script committed: an EVALSHA,
+    // and an EVAL after it, this server's script cache being empty.
+    let info = redis.command(&["INFO", "commandstats"]).unwrap();
+    let set = info.lines().find(|l| l.starts_with("cmdstat_set:")).unwrap_or_default();
+    assert!(set.ends_with("failed_calls=1"), "{set}");
+    let stats = calls(&redis);
+    assert_eq!((count(&stats, "evalsha"), count(&stats, "eval")), (1, 1), "{stats:?}");
+    let replayed: R<u32> = idem.run(Call::new("moved"), || async { Ok(0) }).await;
+    assert_eq!(replayed.unwrap(), 3);
+    // The next commit goes to the script at once: no second refusal.
+    let next: R<u32> = idem.run(Call::new("moved again"), || async { Ok(4) }).await;
+    assert_eq!(next.unwrap(), 4);
+    let info = redis.command(&["INFO", "commandstats"]).unwrap();
+    let set = info.lines().find(|l| l.starts_with("cmdstat_set:")).unwrap_or_default();
+    assert!(set.ends_with("failed_calls=1"), "{set}");
+    assert_eq!(count(&calls(&redis), "evalsha"), 2);
+}
