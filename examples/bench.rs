@@ -36,6 +36,7 @@ use std::time::Duration;
 
 use idempotency::store::postgres::sqlx::{self, Row as _};
 use idempotency::store::redis::fred::prelude::*;
+use idempotency::store::redis::CommitPath;
 use idempotency::store::{AcquireOutcome, AcquireRequest, CommitRequest, Transition};
 use idempotency::{Call, CallContext, Error, Idempotency, MemoryStore, PgStore, RedisStore, Store};
 use serde::{Deserialize, Serialize};
@@ -79,6 +80,9 @@ fn receipt(id: u64) -> Receipt {
 
 struct Options {
     redis: Option<String>,
+    valkey: Option<String>,
+    no_valkey: bool,
+    chart: String,
     postgres: Option<String>,
     no_postgres: bool,
     short: bool,
@@ -87,18 +91,34 @@ struct Options {
 }
 
 fn options() -> Options {
-    let mut o = Options { redis: None, postgres: None, no_postgres: false, short: false, check: false, json: false };
+    let mut o = Options {
+        redis: None,
+        valkey: None,
+        no_valkey: false,
+        chart: "target/bench.svg".into(),
+        postgres: None,
+        no_postgres: false,
+        short: false,
+        check: false,
+        json: false,
+    };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--redis" => o.redis = args.next(),
+            "--valkey" => o.valkey = args.next(),
+            "--no-valkey" => o.no_valkey = true,
+            "--chart" => o.chart = args.next().unwrap_or_default(),
             "--postgres" => o.postgres = args.next(),
             "--no-postgres" => o.no_postgres = true,
             "--short" => o.short = true,
             "--check" => o.check = true,
             "--json" => o.json = true,
             "-h" | "--help" => {
-                println!("usage: bench [--short] [--check] [--json] [--redis URL] [--postgres URL | --no-postgres]");
+                println!(
+                    "usage: bench [--short] [--check] [--json] [--chart FILE.svg] [--redis URL] \
+                     [--valkey URL | --no-valkey] [--postgres URL | --no-postgres]"
+                );
                 std::process::exit(0);
             }
             other => {
@@ -246,6 +266,8 @@ struct Row {
     client_us_per_op: f64,
     baseline: Option<String>,
     ratio: Option<f64>,
+    /// How the row's commits ran on its server (`SET IFEQ` or `script`), for rows that commit.
+    commit: Option<&'static str>,
     failures: u64,
     /// Rounds the case ran; the row is the median one.
     rounds: usize,
@@ -299,23 +321,29 @@ fn percentile(sorted: &[u32], p: f64) -> f64 {
 }
 
 struct Bench {
-    counters: Option<Counters>,
+    /// Each Redis-protocol server's counters, by the rows' store label (`redis`, `valkey`).
+    counters: Vec<(&'static str, Counters)>,
     pg: Option<PgCounters>,
     rows: Vec<Row>,
     secs: Duration,
-    /// Round trips per call of each path, counted exactly beforehand (slow log).
-    exact: Vec<(&'static str, f64, f64)>,
+    /// Round trips per call of each path on each server (store label, path, count, target),
+    /// counted exactly beforehand (slow log).
+    exact: Vec<(&'static str, &'static str, f64, f64)>,
 }
 
 impl Bench {
     /// The exact round trips of the path a case measures ("first, store alone" is a first
     /// execution).
-    fn exact_round_trips(&self, case: &str) -> f64 {
+    fn exact_round_trips(&self, store: &str, case: &str) -> f64 {
         if case.contains("cached") {
             return 0.0;
         }
         let path = if case.starts_with("first") { "first execution" } else { case };
-        self.exact.iter().find(|(p, _, _)| *p == path).map_or(f64::NAN, |e| e.1)
+        self.exact.iter().find(|(s, p, _, _)| *s == store && *p == path).map_or(f64::NAN, |e| e.2)
+    }
+
+    fn counters(&self, store: &str) -> Option<&Counters> {
+        self.counters.iter().find(|(label, _)| *label == store).map(|(_, c)| c)
     }
 
     async fn case<F, Fut>(&mut self, case: &str, store: &'static str, concurrency: usize, op: F) -> usize
@@ -323,16 +351,16 @@ impl Bench {
         F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = bool> + Send,
     {
-        let before = match (&self.counters, &self.pg) {
-            (Some(c), _) if store == "redis" => Some(c.read().await),
+        let before = match (self.counters(store), &self.pg) {
+            (Some(c), _) => Some(c.read().await),
             (_, Some(pg)) if store == "pg" => Some(pg.read().await),
             _ => None,
         };
         let cpu_before = cpu_time();
         let (ok, failed, mut lat, took) = measure(concurrency, self.secs, op).await;
         let client_cpu = cpu_time() - cpu_before;
-        let after = match (&self.counters, &self.pg, before) {
-            (Some(c), _, Some(b)) if store == "redis" => Some(c.read().await - b),
+        let after = match (self.counters(store), &self.pg, before) {
+            (Some(c), _, Some(b)) => Some(c.read().await - b),
             (_, Some(pg), Some(b)) if store == "pg" => Some(pg.read().await - b),
             _ => None,
         };
@@ -354,13 +382,14 @@ impl Bench {
             round_trips_per_op: after.map(|d| match case {
                 _ if naive || store == "pg" => d.plain as f64 / ops,
                 _ if case.starts_with("fred") => d.scripts as f64 / ops,
-                _ => self.exact_round_trips(case),
+                _ => self.exact_round_trips(store, case),
             }),
             commands_per_op: after.map(|d| d.commands as f64 / ops),
             server_us_per_op: after.filter(|d| d.cpu_secs > 0.0).map(|d| d.cpu_secs * 1e6 / ops),
             client_us_per_op: client_cpu.as_secs_f64() * 1e6 / ops,
             baseline: None,
             ratio: None,
+            commit: None,
             failures: failed,
             rounds: 1,
         });
@@ -586,9 +615,10 @@ fn medians(rows: Vec<Row>) -> Vec<Row> {
 
 fn print_table(rows: &[Row]) {
     println!(
-        "| {:<26} | {:<6} | {:>4} | {:>11} | {:>7} | {:>7} | {:>5} | {:>7} | {:>11} | {:>12} | {:<25} | {:>6} |",
+        "| {:<26} | {:<6} | {:<8} | {:>4} | {:>11} | {:>7} | {:>7} | {:>5} | {:>7} | {:>11} | {:>12} | {:<25} | {:>6} |",
         "case",
         "store",
+        "commit",
         "conc",
         "ops/s",
         "p50 µs",
@@ -600,14 +630,15 @@ fn print_table(rows: &[Row]) {
         "ratio to",
         "ratio"
     );
-    let widths = [28, 8, 6, 13, 9, 9, 7, 9, 13, 14, 27, 8];
+    let widths = [28, 8, 10, 6, 13, 9, 9, 7, 9, 13, 14, 27, 8];
     println!("|{}|", widths.map(|w| "-".repeat(w)).join("|"));
     for r in rows {
         let opt = |v: Option<f64>, digits: usize| v.map_or("-".into(), |v| format!("{v:.digits$}"));
         println!(
-            "| {:<26} | {:<6} | {:>4} | {:>11.0} | {:>7.0} | {:>7.0} | {:>5} | {:>7} | {:>11} | {:>12} | {:<25} | {:>6} |",
+            "| {:<26} | {:<6} | {:<8} | {:>4} | {:>11.0} | {:>7.0} | {:>7.0} | {:>5} | {:>7} | {:>11} | {:>12} | {:<25} | {:>6} |",
             r.case,
             r.store,
+            r.commit.unwrap_or("-"),
             r.concurrency,
             r.ops_per_sec,
             r.p50_us,
@@ -622,10 +653,13 @@ fn print_table(rows: &[Row]) {
     }
 }
 
-/// Counts the commands clients send, not those scripts run: the slow log at threshold 0 logs
-/// every command, and those run inside a script carry the client address `?:0`.
+/// Counts the commands clients send, not those scripts run, from the server's `MONITOR` stream
+/// (a connection of its own): commands a script runs are shown there as `[0 lua]`, on Redis
+/// and Valkey alike (their slow logs differ: Valkey logs a script's commands with its caller's
+/// address).
 struct TopLevel {
     client: Client,
+    addr: String,
 }
 
 /// A command fred has no feature of ours for.
@@ -636,43 +670,47 @@ async fn raw(client: &Client, name: &'static str, args: &[&str]) -> Value {
 
 impl TopLevel {
     async fn start(client: &Client) -> TopLevel {
-        raw(client, "CONFIG", &["SET", "slowlog-max-len", "1000000"]).await;
-        raw(client, "CONFIG", &["SET", "slowlog-log-slower-than", "0"]).await;
-        TopLevel { client: client.clone() }
+        let server = client.active_connections().into_iter().next().expect("a connected client");
+        TopLevel { client: client.clone(), addr: format!("{}:{}", server.host, server.port) }
     }
 
     /// Top-level commands about idempotency records (`keys` is their Redis key prefix) sent
-    /// while `f` ran, and how many of them were script calls. Other commands, the counting's
-    /// own and the store's background ones (its clock's `TIME`), are left out.
+    /// while `f` ran, and how many of them were script calls. Other commands (the counting's
+    /// own, `TIME`, which names no key) are left out.
     async fn count<Fut: Future<Output = ()>>(&self, keys: &str, f: Fut) -> (u64, u64) {
-        raw(&self.client, "SLOWLOG", &["RESET"]).await;
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+        let mut monitor = tokio::net::TcpStream::connect(&self.addr).await.expect("monitor connection");
+        monitor.write_all(b"MONITOR\r\n").await.expect("MONITOR");
+        let mut lines = tokio::io::BufReader::new(monitor).lines();
+        assert_eq!(lines.next_line().await.expect("MONITOR").as_deref(), Some("+OK"));
         f.await;
-        let entries = raw(&self.client, "SLOWLOG", &["GET", "-1"]).await.into_array();
-        let names: Vec<String> = entries
-            .into_iter()
-            .filter_map(|e| {
-                let Value::Array(fields) = e else { return None };
-                let Some(Value::Array(args)) = fields.get(3) else { return None };
-                let name = args.first().and_then(|a| a.as_string()).unwrap_or_default();
-                let on_a_record = args.iter().any(|a| a.as_string().is_some_and(|a| a.starts_with(keys)));
-                let addr = fields.get(4).and_then(|a| a.as_string()).unwrap_or_default();
-                (addr != "?:0" && on_a_record).then_some(name.to_ascii_lowercase())
-            })
-            .collect();
-        let scripts = names.iter().filter(|n| n.starts_with("eval")).count();
-        (names.len() as u64, scripts as u64)
-    }
-
-    async fn stop(&self) {
-        raw(&self.client, "CONFIG", &["SET", "slowlog-log-slower-than", "10000"]).await;
-        raw(&self.client, "SLOWLOG", &["RESET"]).await;
+        const END: &str = "bench-monitor-end";
+        let _: Value = raw(&self.client, "ECHO", &[END]).await;
+        let (mut n, mut scripts) = (0, 0);
+        while let Some(line) = lines.next_line().await.expect("MONITOR stream") {
+            if line.contains(END) {
+                break;
+            }
+            // +1764505474.123456 [0 127.0.0.1:50000] "EVALSHA" "<sha>" "1" "idem:{...}:..." ...
+            let Some((source, command)) = line.split_once("] ") else { continue };
+            if source.ends_with(" lua") || !command.contains(&format!("\"{keys}")) {
+                continue;
+            }
+            n += 1;
+            if command.to_ascii_lowercase().starts_with("\"eval") {
+                scripts += 1;
+            }
+        }
+        (n, scripts)
     }
 }
 
 /// Sequential, exact: the round trips each path costs, counted by Redis (top-level commands),
 /// and, as `"<path>: scripts"`, how many of them are script calls (the rest are plain commands:
-/// a parameter-mode acquire is a `SET NX GET`, so a replay or a conflict runs no script).
-async fn check_round_trips(idem: &Idempotency, client: &Client) -> Vec<(&'static str, f64, f64)> {
+/// a parameter-mode acquire is a `SET NX GET`, so a replay or a conflict runs no script; a
+/// commit is a `SET IFEQ` where the server has it). `scripts_first`: the script calls a first
+/// execution should make on this server.
+async fn check_round_trips(idem: &Idempotency, client: &Client, scripts_first: f64) -> Vec<(&'static str, f64, f64)> {
     const N: u64 = 200;
     let per = |n: u64| n as f64 / N as f64;
     // Warm the script cache so no NOSCRIPT fallback is counted.
@@ -686,7 +724,7 @@ async fn check_round_trips(idem: &Idempotency, client: &Client) -> Vec<(&'static
 
     let (n, scripts) = top.count(&records, complete_keys(idem, "rt-first:", N)).await;
     out.push(("first execution", per(n), 2.0));
-    out.push(("first execution: scripts", per(scripts), 1.0));
+    out.push(("first execution: scripts", per(scripts), scripts_first));
 
     let (n, scripts) = top.count(&records, complete_keys(idem, "rt-first:", N)).await;
     out.push(("replay", per(n), 1.0));
@@ -724,7 +762,6 @@ async fn check_round_trips(idem: &Idempotency, client: &Client) -> Vec<(&'static
     // Acquire plus release: the release itself costs one less (and is the script).
     out.push(("release after an error", per(n) - 1.0, 1.0));
     out.push(("release after an error: scripts", per(scripts), 1.0));
-    top.stop().await;
     out
 }
 
@@ -1095,6 +1132,179 @@ async fn pg_rows(bench: &mut Bench, pg: &Pg, rounds: usize, concurrencies: &[usi
     }
 }
 
+/// A Redis-protocol server the benchmark measures: one it starts itself (`binary`), or the one
+/// at `url`; flushed.
+struct Target {
+    /// The rows' store label: `redis` or `valkey`.
+    label: &'static str,
+    /// What the store found at connect, e.g. `valkey 8.1.1`.
+    server: String,
+    _process: Option<support::RedisServer>,
+    url: String,
+    store: RedisStore,
+    client: Client,
+    idem: Idempotency,
+    /// With a replay cache, filled by `prepare`.
+    cached: Idempotency,
+    /// `return 1`: the floor of a script call.
+    floor: fred::types::scripts::Script,
+}
+
+impl Target {
+    async fn start(label: &'static str, url: Option<String>, binary: fn() -> String) -> Target {
+        let process = match &url {
+            Some(_) => None,
+            None => Some(support::RedisServer::start_binary(&binary(), Arc::new(|_, _| (Vec::new(), Vec::new())))),
+        };
+        let url = url.unwrap_or_else(|| process.as_ref().unwrap().url());
+        let store = RedisStore::connect(&url).await.unwrap_or_else(|e| panic!("connect to {label}: {e}"));
+        let client = store.pool().next().clone();
+        let _ = client.flushall::<()>(false).await;
+        Target {
+            label,
+            server: store.server(),
+            _process: process,
+            url,
+            idem: Idempotency::new(store.clone()),
+            cached: Idempotency::builder(store.clone()).replay_cache(10_000).build(),
+            client,
+            store,
+            floor: fred::types::scripts::Script::from_lua("return 1"),
+        }
+    }
+
+    /// The records and keys the cases read, and 64 keys held for the conflict case (until
+    /// `release`).
+    async fn prepare(&mut self, release: Arc<AtomicBool>) -> Vec<tokio::task::JoinHandle<()>> {
+        let _ = self.floor.load(&self.client).await;
+        complete_keys(&self.idem, "replay:", 1000).await;
+        complete_keys(&self.cached, "replay:", 1000).await; // fills the cache from the store
+        for i in 0..1000u64 {
+            let _: () = self.client.set(format!("naive:replay:{i}"), "{\"id\":1}", None, None, false).await.unwrap();
+        }
+        hold_keys(&self.idem, "held:", 64, release)
+    }
+}
+
+/// One round of the cases on one Redis-protocol server at `c` tasks. The telemetry rows and the
+/// store alone run on the first server (Redis) only: they measure our code, not the server.
+async fn server_cases(bench: &mut Bench, t: &Target, telemetry: &Telemetry, round: usize, c: usize) {
+    let (label, client, redis, store) = (t.label, &t.client, &t.idem, &t.store);
+    let primary = label == "redis";
+    let commit_path = store.commit_path().as_str();
+    let cl = client.clone();
+    let sha = t.floor.sha1().clone();
+    let floor_row = bench
+        .case("fred EVALSHA floor", label, c, move |_, _| {
+            let (cl, sha) = (cl.clone(), sha.clone());
+            async move { cl.evalsha::<i64, _, _, _>(sha, Vec::<String>::new(), Vec::<String>::new()).await.is_ok() }
+        })
+        .await;
+    let cl = client.clone();
+    let naive_first = bench
+        .case("naive first (SET NX+SET)", label, c, move |t, i| {
+            let cl = cl.clone();
+            async move {
+                let key = format!("naive:first:{round}:{c}:{t}:{i}");
+                let _: Option<String> =
+                    cl.set(&key, "1", Some(Expiration::EX(30)), Some(SetOptions::NX), false).await.ok().flatten();
+                let body = serde_json::to_string(&receipt(i)).unwrap();
+                cl.set::<(), _, _>(&key, body, Some(Expiration::EX(86_400)), None, false).await.is_ok()
+            }
+        })
+        .await;
+    let first = bench.case("first execution", label, c, first_op(redis.clone(), format!("first:{round}:{c}"))).await;
+    bench.ratio(first, naive_first);
+    bench.rows[first].commit = Some(commit_path);
+    if !primary {
+        return replays_and_conflicts(bench, t, c, floor_row, None).await;
+    }
+    telemetry.set(true);
+    let idem = redis.clone();
+    let observed = bench
+        .case("first execution + telemetry", label, c, move |t, i| {
+            let idem = idem.clone();
+            async move {
+                let r: R<Receipt> = idem
+                    .run(Call::new(format!("observed:{round}:{c}:{t}:{i}")), || async move { Ok(receipt(i)) })
+                    .await;
+                r.is_ok()
+            }
+        })
+        .await;
+    telemetry.set(false);
+    bench.ratio(observed, first);
+    // The same two transitions through the store alone, without the runtime around them:
+    // what the runtime itself costs.
+    let st = store.clone();
+    let direct = bench
+        .case("first, store alone", label, c, move |t, i| {
+            let st = st.clone();
+            async move {
+                let (key, owner) = (format!("direct:{round}:{c}:{t}:{i}"), format!("bench-{t}"));
+                let acquire = AcquireRequest {
+                    key: &key,
+                    owner: &owner,
+                    lease: Duration::from_secs(30),
+                    fingerprint: None,
+                    will_wait: false,
+                    report_ttl: false,
+                };
+                let Ok(AcquireOutcome::Acquired { fence }) = st.acquire(acquire).await else { return false };
+                let result = serde_json::to_vec(&receipt(i)).unwrap();
+                let commit = CommitRequest {
+                    key: &key,
+                    owner: &owner,
+                    fence,
+                    keep: Duration::from_secs(86_400),
+                    result: Some(&result),
+                    fingerprint: None,
+                };
+                matches!(st.commit(commit).await, Ok(Transition::Done))
+            }
+        })
+        .await;
+    bench.ratio(direct, naive_first);
+    bench.rows[direct].commit = Some(commit_path);
+    replays_and_conflicts(bench, t, c, floor_row, Some(telemetry)).await;
+}
+
+/// The replay and conflict cases of one round on one server (`floor_row`: its EVALSHA floor).
+/// With telemetry on the first server (Redis) only.
+async fn replays_and_conflicts(
+    bench: &mut Bench,
+    t: &Target,
+    c: usize,
+    floor_row: usize,
+    telemetry: Option<&Telemetry>,
+) {
+    let (label, client, redis, cached) = (t.label, &t.client, &t.idem, &t.cached);
+    let cl = client.clone();
+    let naive_replay = bench
+        .case("naive replay (SET NX+GET)", label, c, move |_, i| {
+            let cl = cl.clone();
+            async move {
+                let key = format!("naive:replay:{}", i % 1000);
+                let _: Option<String> =
+                    cl.set(&key, "1", Some(Expiration::EX(30)), Some(SetOptions::NX), false).await.ok().flatten();
+                cl.get::<Option<String>, _>(&key).await.is_ok()
+            }
+        })
+        .await;
+    let replay = bench.case("replay", label, c, replay_op(redis.clone())).await;
+    bench.ratio(replay, naive_replay);
+    let hot = bench.case("replay, cached", label, c, replay_op(cached.clone())).await;
+    bench.ratio(hot, naive_replay);
+    if let Some(telemetry) = telemetry {
+        telemetry.set(true);
+        let observed = bench.case("replay, cached + telemetry", label, c, replay_op(cached.clone())).await;
+        telemetry.set(false);
+        bench.ratio(observed, hot);
+    }
+    let conflict = bench.case("conflict", label, c, conflict_op(redis.clone())).await;
+    bench.ratio(conflict, floor_row);
+}
+
 fn main() {
     let o = options();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
@@ -1102,32 +1312,33 @@ fn main() {
 }
 
 async fn run(o: Options) {
-    let server = match &o.redis {
-        Some(_) => None,
-        None => Some(support::RedisServer::start()),
-    };
-    let url = o.redis.clone().unwrap_or_else(|| server.as_ref().unwrap().url());
-    let store = RedisStore::connect(&url).await.expect("connect to Redis");
-    let client = store.pool().next().clone();
-    let counters = Counters { client: client.clone() };
-    let redis = Idempotency::new(store.clone());
-    let _ = client.flushall::<()>(false).await;
-
-    let checks = check_round_trips(&redis, &client).await;
-    let mut wrong = 0;
-    for (path, got, want) in &checks {
-        let verdict = if (got - want).abs() < 1e-9 { "ok" } else { "WRONG" };
-        if verdict == "WRONG" {
-            wrong += 1;
-        }
-        let what = match path.split_once(": ") {
-            Some((path, _)) => format!("  of which script calls, {path}"),
-            None => format!("round trips, {path}"),
-        };
-        println!("{what}: {got:.2} per call (target {want}) {verdict}");
+    let mut targets = vec![Target::start("redis", o.redis.clone(), support::redis_server_binary).await];
+    if !o.no_valkey {
+        targets.push(Target::start("valkey", o.valkey.clone(), support::valkey_server_binary).await);
     }
-    let fallbacks = counters.read().await.evals;
-    println!("EVAL fallbacks after NOSCRIPT: {fallbacks} (the store loads its scripts when it connects)");
+
+    let mut checks = Vec::new();
+    let mut wrong = 0;
+    for t in &targets {
+        let scripts_first = if t.store.commit_path() == CommitPath::CompareAndSet { 0.0 } else { 1.0 };
+        for (path, got, want) in check_round_trips(&t.idem, &t.client, scripts_first).await {
+            let verdict = if (got - want).abs() < 1e-9 { "ok" } else { "WRONG" };
+            if verdict == "WRONG" {
+                wrong += 1;
+            }
+            let what = match path.split_once(": ") {
+                Some((path, _)) => format!("  of which script calls, {path}"),
+                None => format!("round trips, {} ({}, commits: {}), {path}", t.label, t.server, t.store.commit_path()),
+            };
+            println!("{what}: {got:.2} per call (target {want}) {verdict}");
+            checks.push((t.label, path, got, want));
+        }
+        let fallbacks = Counters { client: t.client.clone() }.read().await.evals;
+        println!(
+            "EVAL fallbacks after NOSCRIPT on {}: {fallbacks} (the store loads its scripts when it connects)",
+            t.label
+        );
+    }
     let pg = if o.no_postgres { None } else { Some(pg_setup(&o).await) };
     if let Some(pg) = &pg {
         for (path, got, want) in check_pg_round_trips(pg).await {
@@ -1135,7 +1346,7 @@ async fn run(o: Options) {
             if verdict == "WRONG" {
                 wrong += 1;
             }
-            println!("round trips, {path}: {got:.2} per call (target {want}) {verdict}");
+            println!("round trips, pg, {path}: {got:.2} per call (target {want}) {verdict}");
         }
     }
     if o.check {
@@ -1149,116 +1360,28 @@ async fn run(o: Options) {
     let telemetry = Telemetry::install();
     let secs = Duration::from_millis(if o.short { 1000 } else { 2000 });
     let concurrencies: &[usize] = if o.short { &[1, 32] } else { &[1, 32, 256] };
-    // Client and Redis share two cores with whatever else the machine runs: every Redis case
-    // runs in several rounds, each round all cases in turn, and the table shows each case's
-    // median round (ratios between medians), so one noisy second moves no ratio.
+    // Client and servers share two cores with whatever else the machine runs: every case on a
+    // server runs in several rounds, each round all cases in turn, and the table shows each
+    // case's median round (ratios between medians), so one noisy second moves no ratio.
     let rounds = if o.short { 1 } else { 5 };
-    let mut bench = Bench { counters: Some(counters), pg: None, rows: Vec::new(), secs, exact: checks.clone() };
-    let floor = fred::types::scripts::Script::from_lua("return 1");
-    let _ = floor.load(&client).await;
-    complete_keys(&redis, "replay:", 1000).await;
-    let cached = Idempotency::builder(store.clone()).replay_cache(10_000).build();
-    complete_keys(&cached, "replay:", 1000).await; // fills the cache from the store
-    for i in 0..1000u64 {
-        let _: () = client.set(format!("naive:replay:{i}"), "{\"id\":1}", None, None, false).await.unwrap();
-    }
+    let mut bench = Bench {
+        counters: targets.iter().map(|t| (t.label, Counters { client: t.client.clone() })).collect(),
+        pg: None,
+        rows: Vec::new(),
+        secs,
+        exact: checks.clone(),
+    };
     let release = Arc::new(AtomicBool::new(false));
-    let holders = hold_keys(&redis, "held:", 64, release.clone());
+    let mut holders = Vec::new();
+    for t in &mut targets {
+        holders.extend(t.prepare(release.clone()).await);
+    }
     tokio::time::sleep(Duration::from_millis(200)).await;
 
     for (round, &c) in (0..rounds).flat_map(|r| concurrencies.iter().map(move |c| (r, c))) {
-        let cl = client.clone();
-        let sha = floor.sha1().clone();
-        let floor_row = bench
-            .case("fred EVALSHA floor", "redis", c, move |_, _| {
-                let (cl, sha) = (cl.clone(), sha.clone());
-                async move { cl.evalsha::<i64, _, _, _>(sha, Vec::<String>::new(), Vec::<String>::new()).await.is_ok() }
-            })
-            .await;
-        let cl = client.clone();
-        let naive_first = bench
-            .case("naive first (SET NX+SET)", "redis", c, move |t, i| {
-                let cl = cl.clone();
-                async move {
-                    let key = format!("naive:first:{round}:{c}:{t}:{i}");
-                    let _: Option<String> =
-                        cl.set(&key, "1", Some(Expiration::EX(30)), Some(SetOptions::NX), false).await.ok().flatten();
-                    let body = serde_json::to_string(&receipt(i)).unwrap();
-                    cl.set::<(), _, _>(&key, body, Some(Expiration::EX(86_400)), None, false).await.is_ok()
-                }
-            })
-            .await;
-        let first =
-            bench.case("first execution", "redis", c, first_op(redis.clone(), format!("first:{round}:{c}"))).await;
-        bench.ratio(first, naive_first);
-        telemetry.set(true);
-        let idem = redis.clone();
-        let observed = bench
-            .case("first execution + telemetry", "redis", c, move |t, i| {
-                let idem = idem.clone();
-                async move {
-                    let r: R<Receipt> = idem
-                        .run(Call::new(format!("observed:{round}:{c}:{t}:{i}")), || async move { Ok(receipt(i)) })
-                        .await;
-                    r.is_ok()
-                }
-            })
-            .await;
-        telemetry.set(false);
-        bench.ratio(observed, first);
-        // The same two transitions through the store alone, without the runtime around them:
-        // what the runtime itself costs.
-        let st = store.clone();
-        let direct = bench
-            .case("first, store alone", "redis", c, move |t, i| {
-                let st = st.clone();
-                async move {
-                    let (key, owner) = (format!("direct:{round}:{c}:{t}:{i}"), format!("bench-{t}"));
-                    let acquire = AcquireRequest {
-                        key: &key,
-                        owner: &owner,
-                        lease: Duration::from_secs(30),
-                        fingerprint: None,
-                        will_wait: false,
-                        report_ttl: false,
-                    };
-                    let Ok(AcquireOutcome::Acquired { fence }) = st.acquire(acquire).await else { return false };
-                    let result = serde_json::to_vec(&receipt(i)).unwrap();
-                    let commit = CommitRequest {
-                        key: &key,
-                        owner: &owner,
-                        fence,
-                        keep: Duration::from_secs(86_400),
-                        result: Some(&result),
-                        fingerprint: None,
-                    };
-                    matches!(st.commit(commit).await, Ok(Transition::Done))
-                }
-            })
-            .await;
-        bench.ratio(direct, naive_first);
-        let cl = client.clone();
-        let naive_replay = bench
-            .case("naive replay (SET NX+GET)", "redis", c, move |_, i| {
-                let cl = cl.clone();
-                async move {
-                    let key = format!("naive:replay:{}", i % 1000);
-                    let _: Option<String> =
-                        cl.set(&key, "1", Some(Expiration::EX(30)), Some(SetOptions::NX), false).await.ok().flatten();
-                    cl.get::<Option<String>, _>(&key).await.is_ok()
-                }
-            })
-            .await;
-        let replay = bench.case("replay", "redis", c, replay_op(redis.clone())).await;
-        bench.ratio(replay, naive_replay);
-        let hot = bench.case("replay, cached", "redis", c, replay_op(cached.clone())).await;
-        bench.ratio(hot, naive_replay);
-        telemetry.set(true);
-        let observed = bench.case("replay, cached + telemetry", "redis", c, replay_op(cached.clone())).await;
-        telemetry.set(false);
-        bench.ratio(observed, hot);
-        let conflict = bench.case("conflict", "redis", c, conflict_op(redis.clone())).await;
-        bench.ratio(conflict, floor_row);
+        for t in &targets {
+            server_cases(&mut bench, t, &telemetry, round, c).await;
+        }
     }
     if let Some(pg) = &pg {
         bench.pg = Some(PgCounters { pool: pg.counters.pool.clone(), postmaster: pg.counters.postmaster });
@@ -1270,6 +1393,9 @@ async fn run(o: Options) {
     for h in holders {
         h.await.unwrap();
     }
+    // The rest runs on the first server (Redis).
+    let t = &targets[0];
+    let (redis, store, client, cached, url) = (&t.idem, &t.store, &t.client, &t.cached, &t.url);
 
     // The in-process store, one task: first execution and replay on one core. Records are kept
     // 1 s (the store then holds a steady 500,000 or so, far more than the CPU caches) and 10 ms
@@ -1299,22 +1425,31 @@ async fn run(o: Options) {
         std::process::exit(1);
     }
 
-    let waiter = Idempotency::new(RedisStore::connect(&url).await.expect("second client"));
-    let wait = wait_latency(&redis, &waiter, if o.short { 50 } else { 200 }).await;
+    let waiter = Idempotency::new(RedisStore::connect(url).await.expect("second client"));
+    let wait = wait_latency(redis, &waiter, if o.short { 50 } else { 200 }).await;
     let _ = client.flushall::<()>(false).await;
     let (lease, hold) = if o.short {
         (Duration::from_secs(3), Duration::from_secs(4))
     } else {
         (Duration::from_secs(30), Duration::from_secs(40))
     };
-    let inflight_redis = in_flight(&redis, bench.counters.as_ref(), 10_000, lease, hold).await;
+    let inflight_redis = in_flight(redis, bench.counters("redis"), 10_000, lease, hold).await;
     let inflight_memory = in_flight(&memory, None, 10_000, lease, Duration::from_secs(2)).await;
-    let memory_lines = record_memory(&redis, &store, &client).await;
+    let memory_lines = record_memory(redis, store, client).await;
+    if !o.chart.is_empty() {
+        match chart::write(&o.chart, &bench.rows) {
+            Ok(()) => eprintln!("chart written to {}", o.chart),
+            Err(e) => eprintln!("chart not written to {}: {e}", o.chart),
+        }
+    }
 
     if o.json {
         let doc = serde_json::json!({
             "rows": bench.rows,
-            "round_trips": checks.iter().map(|(p, g, w)| serde_json::json!({"path": p, "per_call": g, "target": w})).collect::<Vec<_>>(),
+            "round_trips": checks
+                .iter()
+                .map(|(s, p, g, w)| serde_json::json!({"server": s, "path": p, "per_call": g, "target": w}))
+                .collect::<Vec<_>>(),
             "wait": wait,
             "in_flight": [inflight_redis, inflight_memory],
             "record_memory": memory_lines,
@@ -1323,8 +1458,11 @@ async fn run(o: Options) {
     } else {
         println!();
         println!(
-            "Redis rows: the median of {rounds} round(s) of {:?} each, all cases in turn in every round; \
-             ratios are between medians.",
+            "Rows on servers (redis: {}; valkey: {}; pg): the median of {rounds} round(s) of {:?} each, all \
+             cases in turn in every round; ratios are between medians, each against a baseline on the \
+             same server. `commit`: how the row's commits ran.",
+            targets[0].server,
+            targets.get(1).map_or("not run", |t| t.server.as_str()),
             secs
         );
         print_table(&bench.rows);
@@ -1335,5 +1473,90 @@ async fn run(o: Options) {
         for l in memory_lines {
             println!("{l}");
         }
+    }
+}
+
+/// The chart next to the table: ops/s of every case, one group of bars per case, a bar per
+/// store/server and concurrency (log scale: the rates span four orders of magnitude).
+mod chart {
+    use plotters::prelude::*;
+
+    use super::Row;
+
+    /// Bars for the cases people compare: ours against the naive baseline on each server.
+    const CASES: [&str; 7] = [
+        "naive first (SET NX+SET)",
+        "first execution",
+        "naive replay (SET NX+GET)",
+        "replay",
+        "replay, cached",
+        "conflict",
+        "transactional first",
+    ];
+
+    pub fn write(path: &str, rows: &[Row]) -> Result<(), Box<dyn std::error::Error>> {
+        if let Some(dir) = std::path::Path::new(path).parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let mut series: Vec<(&'static str, usize)> = Vec::new();
+        for r in rows.iter().filter(|r| CASES.contains(&r.case.as_str()) || r.case.starts_with("naive")) {
+            if !series.contains(&(r.store, r.concurrency)) {
+                series.push((r.store, r.concurrency));
+            }
+        }
+        let cases: Vec<&str> = {
+            let mut cases: Vec<&str> = Vec::new();
+            for r in rows {
+                let shown = CASES.contains(&r.case.as_str()) || r.case.starts_with("naive");
+                if shown && !cases.contains(&r.case.as_str()) {
+                    cases.push(r.case.as_str());
+                }
+            }
+            cases
+        };
+        let top = rows.iter().map(|r| r.ops_per_sec).fold(1.0, f64::max) * 2.0;
+        let slot = series.len().max(1) as f64 + 1.0;
+        let root = SVGBackend::new(path, (1200, 560)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let (plot, legend) = root.split_horizontally(1000);
+        let mut chart = ChartBuilder::on(&plot)
+            .caption("ops/s by case, store/server and tasks (log scale; higher is better)", ("sans-serif", 18))
+            .margin(10)
+            .x_label_area_size(90)
+            .y_label_area_size(70)
+            .build_cartesian_2d(0.0..cases.len() as f64, (10.0..top).log_scale())?;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(cases.len() * 2 + 1)
+            .x_label_formatter(&|x| {
+                let i = (x - 0.5).round();
+                if (x - 0.5 - i).abs() < 1e-6 && i >= 0.0 {
+                    cases.get(i as usize).map(|c| c.to_string()).unwrap_or_default()
+                } else {
+                    String::new()
+                }
+            })
+            .x_label_style(("sans-serif", 11).into_font().transform(FontTransform::Rotate90))
+            .y_desc("ops/s")
+            .draw()?;
+        let color = |i: usize| Palette99::pick(i).to_rgba();
+        for (s, (store, concurrency)) in series.iter().enumerate() {
+            let bars = cases.iter().enumerate().filter_map(|(ci, case)| {
+                let row =
+                    rows.iter().find(|r| r.case == *case && r.store == *store && r.concurrency == *concurrency)?;
+                let x0 = ci as f64 + (s as f64 + 0.5) / slot;
+                let x1 = x0 + 1.0 / slot;
+                Some(Rectangle::new([(x0, 10.0), (x1, row.ops_per_sec.max(10.0))], color(s).filled()))
+            });
+            chart.draw_series(bars)?;
+        }
+        for (s, (store, concurrency)) in series.iter().enumerate() {
+            let y = 40 + s as i32 * 22;
+            legend.draw(&Rectangle::new([(10, y), (26, y + 14)], color(s).filled()))?;
+            legend.draw(&Text::new(format!("{store}, {concurrency} tasks"), (32, y), ("sans-serif", 13)))?;
+        }
+        root.present()?;
+        Ok(())
     }
 }
