@@ -110,7 +110,11 @@ pub struct Call {
 }
 
 impl Call {
-    /// A call in parameter mode on `key`.
+    /// A call in parameter mode on `key`, used as it is: in no scope unless
+    /// [`scope`](Self::scope) puts it in one (the attribute's default scope is the function's
+    /// module path and name), so two unrelated calls given the same key share one record. A key
+    /// made of several values should be built with [`KeyBuilder`](crate::KeyBuilder), which
+    /// escapes each value: `format!("{a}:{b}")` gives `x:y` + `z` and `x` + `y:z` the same key.
     pub fn new(key: impl Into<String>) -> Self {
         Call {
             key: key.into(),
