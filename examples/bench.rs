@@ -83,6 +83,8 @@ struct Options {
     valkey: Option<String>,
     no_valkey: bool,
     chart: String,
+    /// Only draw the chart, from the table a full run printed (saved to this file).
+    chart_from: Option<String>,
     postgres: Option<String>,
     no_postgres: bool,
     short: bool,
@@ -96,6 +98,7 @@ fn options() -> Options {
         valkey: None,
         no_valkey: false,
         chart: "target/bench.svg".into(),
+        chart_from: None,
         postgres: None,
         no_postgres: false,
         short: false,
@@ -109,6 +112,7 @@ fn options() -> Options {
             "--valkey" => o.valkey = args.next(),
             "--no-valkey" => o.no_valkey = true,
             "--chart" => o.chart = args.next().unwrap_or_default(),
+            "--chart-from" => o.chart_from = args.next(),
             "--postgres" => o.postgres = args.next(),
             "--no-postgres" => o.no_postgres = true,
             "--short" => o.short = true,
@@ -117,7 +121,8 @@ fn options() -> Options {
             "-h" | "--help" => {
                 println!(
                     "usage: bench [--short] [--check] [--json] [--chart FILE.svg] [--redis URL] \
-                     [--valkey URL | --no-valkey] [--postgres URL | --no-postgres]"
+                     [--valkey URL | --no-valkey] [--postgres URL | --no-postgres]\n       \
+                     bench --chart-from TABLE.txt [--chart FILE.svg]   (the chart of a saved run's table)"
                 );
                 std::process::exit(0);
             }
@@ -1307,6 +1312,12 @@ async fn replays_and_conflicts(
 
 fn main() {
     let o = options();
+    if let Some(table) = &o.chart_from {
+        let text = std::fs::read_to_string(table).unwrap_or_else(|e| panic!("{table}: {e}"));
+        chart::write(&o.chart, &chart::rows_of_table(&text)).expect("write the chart");
+        eprintln!("chart written to {}", o.chart);
+        return;
+    }
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(run(o));
 }
@@ -1494,6 +1505,36 @@ mod chart {
         "transactional first",
     ];
 
+    /// The rows of a table the benchmark printed (case, store, commit, tasks, ops/s, ...).
+    /// Where the rate axis starts: every rate is far above it.
+    const FLOOR: f64 = 1000.0;
+
+    pub fn rows_of_table(text: &str) -> Vec<Row> {
+        text.lines()
+            .filter_map(|line| {
+                let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+                let (case, store, concurrency, ops) = (cells.get(1)?, cells.get(2)?, cells.get(4)?, cells.get(5)?);
+                Some(Row {
+                    case: case.to_string(),
+                    store: Box::leak(store.to_string().into_boxed_str()),
+                    concurrency: concurrency.parse().ok()?,
+                    ops_per_sec: ops.parse().ok()?,
+                    p50_us: 0.0,
+                    p99_us: 0.0,
+                    round_trips_per_op: None,
+                    commands_per_op: None,
+                    server_us_per_op: None,
+                    client_us_per_op: 0.0,
+                    baseline: None,
+                    ratio: None,
+                    commit: None,
+                    failures: 0,
+                    rounds: 1,
+                })
+            })
+            .collect()
+    }
+
     pub fn write(path: &str, rows: &[Row]) -> Result<(), Box<dyn std::error::Error>> {
         if let Some(dir) = std::path::Path::new(path).parent() {
             std::fs::create_dir_all(dir)?;
@@ -1516,45 +1557,51 @@ mod chart {
         };
         let top = rows.iter().map(|r| r.ops_per_sec).fold(1.0, f64::max) * 2.0;
         let slot = series.len().max(1) as f64 + 1.0;
-        let root = SVGBackend::new(path, (1200, 560)).into_drawing_area();
+        let height = 80 + cases.len() as u32 * (series.len() as u32 * 7 + 14);
+        let root = SVGBackend::new(path, (1200, height)).into_drawing_area();
         root.fill(&WHITE)?;
         let (plot, legend) = root.split_horizontally(1000);
+        // Cases top to bottom, as in the table; bars grow to the right.
+        let at = |i: usize| (cases.len() - 1 - i) as f64;
         let mut chart = ChartBuilder::on(&plot)
-            .caption("ops/s by case, store/server and tasks (log scale; higher is better)", ("sans-serif", 18))
+            .caption("ops/s by case, store/server and tasks (log scale; longer is better)", ("sans-serif", 18))
             .margin(10)
-            .x_label_area_size(90)
-            .y_label_area_size(70)
-            .build_cartesian_2d(0.0..cases.len() as f64, (10.0..top).log_scale())?;
+            .x_label_area_size(40)
+            .y_label_area_size(190)
+            .build_cartesian_2d((FLOOR..top).log_scale(), 0.0..cases.len() as f64)?;
         chart
             .configure_mesh()
-            .disable_x_mesh()
-            .x_labels(cases.len() * 2 + 1)
-            .x_label_formatter(&|x| {
-                let i = (x - 0.5).round();
-                if (x - 0.5 - i).abs() < 1e-6 && i >= 0.0 {
-                    cases.get(i as usize).map(|c| c.to_string()).unwrap_or_default()
+            .disable_y_mesh()
+            .y_labels(cases.len() * 2 + 1)
+            .y_label_formatter(&|y| {
+                let i = (y - 0.5).round();
+                if (y - 0.5 - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < cases.len() {
+                    cases[cases.len() - 1 - i as usize].to_string()
                 } else {
                     String::new()
                 }
             })
-            .x_label_style(("sans-serif", 11).into_font().transform(FontTransform::Rotate90))
-            .y_desc("ops/s")
+            .y_label_style(("sans-serif", 13))
+            .x_desc("ops/s")
+            .x_label_formatter(&|v| format!("{v:.0}"))
             .draw()?;
         let color = |i: usize| Palette99::pick(i).to_rgba();
         for (s, (store, concurrency)) in series.iter().enumerate() {
             let bars = cases.iter().enumerate().filter_map(|(ci, case)| {
                 let row =
                     rows.iter().find(|r| r.case == *case && r.store == *store && r.concurrency == *concurrency)?;
-                let x0 = ci as f64 + (s as f64 + 0.5) / slot;
-                let x1 = x0 + 1.0 / slot;
-                Some(Rectangle::new([(x0, 10.0), (x1, row.ops_per_sec.max(10.0))], color(s).filled()))
+                // The first series on top within its case.
+                let y1 = at(ci) + 1.0 - (s as f64 + 0.5) / slot;
+                let y0 = y1 - 1.0 / slot;
+                Some(Rectangle::new([(FLOOR, y0), (row.ops_per_sec.max(FLOOR), y1)], color(s).filled()))
             });
             chart.draw_series(bars)?;
         }
         for (s, (store, concurrency)) in series.iter().enumerate() {
             let y = 40 + s as i32 * 22;
             legend.draw(&Rectangle::new([(10, y), (26, y + 14)], color(s).filled()))?;
-            legend.draw(&Text::new(format!("{store}, {concurrency} tasks"), (32, y), ("sans-serif", 13)))?;
+            let tasks = if *concurrency == 1 { "task" } else { "tasks" };
+            legend.draw(&Text::new(format!("{store}, {concurrency} {tasks}"), (32, y), ("sans-serif", 13)))?;
         }
         root.present()?;
         Ok(())
