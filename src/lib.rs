@@ -84,6 +84,60 @@ pub mod __private {
     #[inline(always)]
     pub fn check_return<R: IdempotentReturn>() {}
 
+    /// The runtime an expansion runs on: the global one, or the `store = ...` expression's.
+    pub trait Runtime {
+        /// The runtime, `None` for a global one not initialised.
+        fn runtime(&self) -> Option<&idempotent_core::Idempotency>;
+    }
+
+    impl Runtime for idempotent_core::Idempotency {
+        fn runtime(&self) -> Option<&idempotent_core::Idempotency> {
+            Some(self)
+        }
+    }
+
+    impl Runtime for idempotent_core::Global {
+        fn runtime(&self) -> Option<&idempotent_core::Idempotency> {
+            self.get()
+        }
+    }
+
+    impl<R: Runtime + ?Sized> Runtime for &R {
+        fn runtime(&self) -> Option<&idempotent_core::Idempotency> {
+            (**self).runtime()
+        }
+    }
+
+    impl<R: Runtime + ?Sized> Runtime for std::sync::Arc<R> {
+        fn runtime(&self) -> Option<&idempotent_core::Idempotency> {
+            (**self).runtime()
+        }
+    }
+
+    #[cfg(feature = "postgres")]
+    pub use idempotent_core::store::postgres::PgTransaction;
+
+    /// `tx = store`: the body in a transaction of `store`, committed with the completed record
+    /// ([`PgStore::run_in_owned_transaction`](idempotent_core::PgStore::run_in_owned_transaction)).
+    #[cfg(feature = "postgres")]
+    pub async fn run_in_transaction<T, E, F, Fut>(
+        store: &idempotent_core::PgStore,
+        runtime: Option<&idempotent_core::Idempotency>,
+        call: Call,
+        body: F,
+    ) -> Result<T, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<idempotent_core::Error>,
+        F: FnOnce(PgTransaction) -> Fut,
+        Fut: std::future::Future<Output = Result<(T, PgTransaction), E>>,
+    {
+        match runtime {
+            Some(idem) => store.run_in_owned_transaction(idem, call, body).await,
+            None => Err(idempotent_core::Error::NotConfigured { key: call.full_key() }.into()),
+        }
+    }
+
     /// The function's error from the library's (a key that could not be built): a generic call,
     /// so that a function whose error type *is* `Error` trips no lint about a useless conversion.
     #[inline(always)]

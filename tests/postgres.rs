@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idempotency::store::postgres::sqlx::{self, Row};
+use idempotency::store::postgres::PgTransaction;
 use idempotency::store::{Inspected, RecordState};
 use idempotency::{Call, CallContext, Error, Force, Idempotency, OnConflict, PgStore, StoreErrorKind};
 use support::postgres::{shared_database, unique_schema, PgCluster};
@@ -641,4 +642,40 @@ async fn a_purge_reaches_another_stores_replay_cache() {
     })
     .await;
     println!("the reader answered the new result {seen:?} after the other store forgot the key");
+}
+
+/// What a function with `tx = ...` runs on: its runtime, and the store its transaction is of.
+struct Shop {
+    idem: Idempotency,
+    pg: PgStore,
+    schema: String,
+}
+
+/// The attribute's transactional mode: `tx` is the body's transaction (callers do not pass it),
+/// and the block borrows the function's other arguments (`&Shop`, `&str`).
+#[idempotency::idempotent(key = "order:{order_ref}", scope = "shop", store = shop.idem, tx = shop.pg)]
+async fn place_order(shop: &Shop, order_ref: &str, fail: bool, tx: &mut PgTransaction) -> R<i64> {
+    let fence = CallContext::current().expect("in a call").fence() as i64;
+    sqlx::query(&insert_effect(&shop.schema)).bind(order_ref).bind(fence).execute(&mut **tx).await.map_err(db_error)?;
+    if fail {
+        return Err(AppError::Failed("declined after its insert"));
+    }
+    Ok(fence)
+}
+
+/// `#[idempotent(tx = ...)]`: the function's writes commit with its record, once per key; an
+/// `Err` after a write rolls it back and frees the key for a retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_attribute_runs_a_function_in_a_transaction() {
+    let (pg, schema) = shared_store(Duration::from_secs(5)).await;
+    let shop = Shop { idem: Idempotency::new(pg.clone()), pg: pg.clone(), schema: schema.clone() };
+    let first = place_order(&shop, "a", false).await.unwrap();
+    let again = place_order(&shop, "a", false).await.unwrap();
+    assert_eq!(again, first, "the duplicate was not replayed");
+    assert!(matches!(place_order(&shop, "b", true).await, Err(AppError::Failed(_))));
+    assert_eq!(effects(&pg, &schema).await.get("b"), None, "the failed body's insert stayed");
+    let retried = place_order(&shop, "b", false).await.unwrap();
+    assert!(retried > first);
+    let rows = effects(&pg, &schema).await;
+    assert_eq!((rows.get("a"), rows.get("b")), (Some(&1), Some(&1)), "{rows:?}");
 }

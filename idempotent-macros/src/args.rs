@@ -12,7 +12,7 @@ use crate::duration::parse_duration;
 
 /// The arguments every attribute may take, for the "unknown argument" message.
 const KNOWN: &str = "key, mode, ttl, keep, on_duplicate, on_conflict, fingerprint, scope, \
-                     abort_on_lease_lost, store, crate";
+                     abort_on_lease_lost, store, tx, crate";
 
 /// Parameter or token mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,6 +44,8 @@ pub(crate) struct Args {
     pub scope: Option<LitStr>,
     pub abort_on_lease_lost: Option<bool>,
     pub store: Option<Expr>,
+    /// `tx = <PgStore>`: the body runs in a transaction of that store.
+    pub tx: Option<Expr>,
     pub krate: Option<Path>,
     /// Every argument name given, for the "given twice" check.
     seen: Vec<String>,
@@ -127,6 +129,7 @@ impl Parse for Args {
                         Some(if input.peek(Token![=]) { value::<LitBool>(input, &name)?.value } else { true });
                 }
                 "store" => args.store = Some(value(input, &name)?),
+                "tx" => args.tx = Some(value(input, &name)?),
                 "crate" => args.krate = Some(value(input, &name)?),
                 _ => {
                     return Err(syn::Error::new(

@@ -57,13 +57,32 @@ fn rewrite(args: &Args, function: &ItemFn) -> syn::Result<TokenStream> {
         }
     };
 
+    // `tx = store`: the parameter the body's transaction comes in, which the caller no longer
+    // passes.
+    let transaction = match &args.tx {
+        Some(store) => {
+            let found = transaction_parameter(sig);
+            if found.is_none() {
+                errors.push(syn::Error::new(
+                    store.span(),
+                    "`tx = ...` hands the body a transaction of that `PgStore`: the function needs a parameter for it, \
+                     `tx: &mut PgTransaction` (any name), which its callers then do not pass",
+                ));
+            }
+            found
+        }
+        None => None,
+    };
+
     // The names a template or fingerprint may use: every binding of the arguments' patterns
-    // (`req` in `Json(req): Json<Req>`, as in `req: Req`).
+    // (`req` in `Json(req): Json<Req>`, as in `req: Req`), the transaction's aside.
     let has_self = sig.receiver().is_some();
     let mut arguments: Vec<&Ident> = Vec::new();
-    for arg in &sig.inputs {
+    for (i, arg) in sig.inputs.iter().enumerate() {
         if let FnArg::Typed(typed) = arg {
-            bindings(&typed.pat, &mut arguments);
+            if transaction.as_ref().is_none_or(|(at, _, _)| *at != i) {
+                bindings(&typed.pat, &mut arguments);
+            }
         }
     }
     let known = || {
@@ -192,9 +211,40 @@ fn rewrite(args: &Args, function: &ItemFn) -> syn::Result<TokenStream> {
     };
     let check = quote_spanned!(ret=> #private::check_return::<#return_type>(););
     let block = &function.block;
-    let run = quote_spanned!(ret=> #store.run(__idem_call, move || async move #block).await);
+    let run = match (&args.tx, &transaction) {
+        (Some(pg), Some((_, tx, ty))) => {
+            // The transaction is owned by the body's future and lent to the function's block as
+            // `tx`, then handed back to be committed with the record: the block may borrow
+            // whatever the function's arguments borrow.
+            let runtime = match &args.store {
+                Some(expr) => quote_spanned!(ret=> &(#expr)),
+                None => quote_spanned!(ret=> &#private::global()),
+            };
+            quote_spanned! {ret=>
+                #private::run_in_transaction(
+                    &(#pg),
+                    #private::Runtime::runtime(#runtime),
+                    __idem_call,
+                    move |mut __idem_tx: #private::PgTransaction| async move {
+                        let __idem_out = {
+                            // As the function declares it (the user's import stays used).
+                            let #tx: #ty = &mut __idem_tx;
+                            async move #block.await
+                        };
+                        __idem_out.map(|__idem_value| (__idem_value, __idem_tx))
+                    },
+                )
+                .await
+            }
+        }
+        _ => quote_spanned!(ret=> #store.run(__idem_call, move || async move #block).await),
+    };
 
     let ItemFn { attrs, vis, sig, .. } = function;
+    let mut sig = sig.clone();
+    if let Some((at, _, _)) = transaction {
+        sig.inputs = sig.inputs.iter().enumerate().filter(|(i, _)| *i != at).map(|(_, a)| a.clone()).collect();
+    }
     let outer = attrs.iter().filter(|a| matches!(a.style, AttrStyle::Outer));
     let inner = attrs.iter().filter(|a| matches!(a.style, AttrStyle::Inner(_)));
     let body = quote_spanned! {ret=> {
@@ -210,6 +260,22 @@ fn rewrite(args: &Args, function: &ItemFn) -> syn::Result<TokenStream> {
     Ok(quote! {
         #(#outer)*
         #vis #sig #body
+    })
+}
+
+/// The parameter `name: &mut PgTransaction` (the type's last path segment is what is checked,
+/// so `&mut idempotency::store::postgres::PgTransaction` is one too): its place, name and type.
+fn transaction_parameter(sig: &syn::Signature) -> Option<(usize, Ident, Type)> {
+    sig.inputs.iter().enumerate().find_map(|(i, arg)| {
+        let FnArg::Typed(typed) = arg else { return None };
+        let Type::Reference(reference) = &*typed.ty else { return None };
+        let Type::Path(path) = &*reference.elem else { return None };
+        let is_transaction =
+            reference.mutability.is_some() && path.path.segments.last().is_some_and(|s| s.ident == "PgTransaction");
+        match &*typed.pat {
+            Pat::Ident(name) if is_transaction => Some((i, name.ident.clone(), (*typed.ty).clone())),
+            _ => None,
+        }
     })
 }
 

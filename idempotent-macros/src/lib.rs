@@ -72,6 +72,7 @@ use proc_macro::TokenStream;
 /// | `scope = "..."` | the key space; two functions with one scope share keys on purpose | module path and function name (token mode: `token`) |
 /// | `abort_on_lease_lost` | drop the body and fail with `Error::LeaseLost` as soon as the lease is known lost | off |
 /// | `store = expr` | what runs the call: an `Idempotency`, a `&Idempotency`, `self.idem`, `app.idem.clone()` | `idempotency::global()` |
+/// | `tx = pg` | feature `postgres`: the body runs in a transaction of this `PgStore`, committed with the record; the function declares `tx: &mut PgTransaction` (any name), which callers do not pass | none |
 /// | `crate = path` | the path of the `idempotency` crate, when renamed | `::idempotency` |
 ///
 /// Durations are `"500ms"`, `"30s"`, `"5m"`, `"24h"`, `"7d"` or an integer of seconds, checked

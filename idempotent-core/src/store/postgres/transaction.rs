@@ -67,14 +67,58 @@ impl PgStore {
         F: for<'t> FnOnce(&'t mut PgTransaction) -> BoxFuture<'t, Result<T, E>>,
     {
         let body = move || async move {
-            let mut tx = self.begin().await.map_err(|source| {
-                let key = CallContext::current().map(|c| c.key().to_owned()).unwrap_or_default();
-                E::from(Error::Store { key, source })
-            })?;
+            let mut tx = self.begin_for_body::<E>().await?;
             let value = body(&mut tx).await?;
             Ok((value, tx))
         };
         idem.run_committing(call, body, |tx, completed| self.commit_transaction(tx, completed)).await
+    }
+
+    /// [`run_in_transaction`](Self::run_in_transaction) with the transaction handed to `body`
+    /// by value and handed back with its value: `Ok((value, tx))`. What differs is only the
+    /// body's type: a closure returning a future that borrows its transaction must be written
+    /// for every lifetime of it (`BoxFuture<'t, _>`), and such a future cannot borrow anything
+    /// else that is not `'static`; one that owns the transaction can borrow whatever the caller
+    /// holds (`&self`, `&App`). The attribute's `tx = ...` expands to this.
+    ///
+    /// ```no_run
+    /// # async fn f(store: idempotent_core::PgStore, app_name: &str) -> Result<(), idempotent_core::Error> {
+    /// use idempotent_core::store::postgres::sqlx;
+    /// use idempotent_core::{Call, Error, Idempotency};
+    ///
+    /// let idem = Idempotency::new(store.clone());
+    /// let id: i64 = store
+    ///     .run_in_owned_transaction(&idem, Call::new("order:42").scope("checkout"), |mut tx| async move {
+    ///         let (id,): (i64,) = sqlx::query_as("INSERT INTO orders (ref, app) VALUES ('42', $1) RETURNING id")
+    ///             .bind(app_name) // borrowed from the caller
+    ///             .fetch_one(&mut *tx)
+    ///             .await
+    ///             .map_err(|e| Error::InvalidCall { key: "order:42".into(), reason: e.to_string() })?;
+    ///         Ok::<_, Error>((id, tx))
+    ///     })
+    ///     .await?;
+    /// # let _ = id; Ok(()) }
+    /// ```
+    pub async fn run_in_owned_transaction<T, E, F, Fut>(&self, idem: &Idempotency, call: Call, body: F) -> Result<T, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+        F: FnOnce(PgTransaction) -> Fut,
+        Fut: std::future::Future<Output = Result<(T, PgTransaction), E>>,
+    {
+        let body = move || async move {
+            let tx = self.begin_for_body::<E>().await?;
+            body(tx).await
+        };
+        idem.run_committing(call, body, |tx, completed| self.commit_transaction(tx, completed)).await
+    }
+
+    /// The body's transaction, or the call's error naming its key.
+    async fn begin_for_body<E: From<Error>>(&self) -> Result<PgTransaction, E> {
+        self.begin().await.map_err(|source| {
+            let key = CallContext::current().map(|c| c.key().to_owned()).unwrap_or_default();
+            E::from(Error::Store { key, source })
+        })
     }
 
     /// A transaction on the store's pool, its statements under the transactional timeout.
