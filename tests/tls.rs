@@ -127,13 +127,21 @@ async fn rediss_cluster_connects_every_node_over_tls() {
         create.try_wait().map_err(|e| e.to_string())?.ok_or_else(|| "still running".to_owned())
     });
     assert!(created.success(), "redis-cli --cluster create failed");
-    support::wait_for(Duration::from_secs(20), "the cluster to be ok", || {
-        let info = nodes[0].server.command(&["CLUSTER", "INFO"])?;
-        if info.contains("cluster_state:ok") {
-            Ok(())
-        } else {
-            Err(info)
+    // Every node, not one: the store asks any of them for the slot map, and a node that has not
+    // yet heard of every other's slots answers an incomplete one ("Invalid or missing cluster
+    // state", seen under load).
+    support::wait_for(Duration::from_secs(20), "every node to see the whole cluster", || {
+        for node in &nodes {
+            let info = node.server.command(&["CLUSTER", "INFO"])?;
+            for (field, want) in [("cluster_state", "ok"), ("cluster_slots_ok", "16384"), ("cluster_known_nodes", "3")]
+            {
+                let got = support::info_field(&info, field);
+                if got.as_deref() != Some(want) {
+                    return Err(format!("{}: {field} is {got:?}", node.server.port()));
+                }
+            }
         }
+        Ok(())
     });
     let url = format!(
         "rediss-cluster://127.0.0.1:{}?node=127.0.0.1:{}&node=127.0.0.1:{}",
