@@ -272,3 +272,31 @@ async fn a_server_that_refuses_compare_and_set_gets_the_script() {
     assert!(set.ends_with("failed_calls=1"), "{set}");
     assert_eq!(count(&calls(&redis), "evalsha"), 2);
 }
+
+/// A key overwritten by something that is not a record while its body runs (here a hash): the
+/// commit finds it corrupt at once on both paths (Valkey answers `SET IFEQ` on a hash with
+/// WRONGTYPE; the script then names what is there), stores nothing over it, and the caller gets
+/// its value without waiting for the commit deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_overwritten_by_a_hash_is_corrupt_at_commit_on_both_paths() {
+    for (expected, server) in servers() {
+        let store = RedisStore::connect(&server.url()).await.unwrap();
+        let idem = Idempotency::new(store.clone());
+        let record_key = store.record_key(&Call::new("overwritten").full_key());
+        let started = std::time::Instant::now();
+        let got: R<u32> = idem
+            .run(Call::new("overwritten"), || {
+                let record_key = record_key.clone();
+                let server = &server;
+                async move {
+                    server.command(&["DEL", &record_key]).unwrap();
+                    server.command(&["HSET", &record_key, "field", "value"]).unwrap();
+                    Ok(8)
+                }
+            })
+            .await;
+        assert_eq!(got.unwrap(), 8, "{expected}");
+        assert!(started.elapsed() < Duration::from_secs(2), "{expected}: took {:?}", started.elapsed());
+        assert_eq!(server.command(&["TYPE", &record_key]).unwrap(), "hash", "{expected}");
+    }
+}

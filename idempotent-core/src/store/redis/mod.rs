@@ -425,6 +425,8 @@ impl RedisStore {
             Ok(Value::Null) => Ok(false),
             Ok(Value::String(ok)) if &*ok == "OK" => Ok(true),
             Ok(other) => Err(StoreError::reply("commit", format_args!("SET IFEQ replied {other:?}"))),
+            // Not a string (something else overwrote the key): the script names what it is.
+            Err(e) if e.details().starts_with("WRONGTYPE") => Ok(false),
             Err(e) if e.details().to_ascii_lowercase().contains("syntax error") => {
                 self.inner.compare_and_set.store(false, Ordering::Relaxed);
                 tracing::warn!(
