@@ -253,7 +253,7 @@ fn tree_cpu(pid: u32) -> Duration {
     Duration::from_millis(ticks * 10)
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 struct Row {
     case: String,
     store: &'static str,
@@ -659,12 +659,12 @@ fn print_table(rows: &[Row]) {
 }
 
 /// Counts the commands clients send, not those scripts run, from the server's `MONITOR` stream
-/// (a connection of its own): commands a script runs are shown there as `[0 lua]`, on Redis
-/// and Valkey alike (their slow logs differ: Valkey logs a script's commands with its caller's
-/// address).
+/// (`support::Monitor`, a connection of its own): commands a script runs are shown there as
+/// `[0 lua]`, on Redis and Valkey alike (their slow logs differ: Valkey logs a script's commands
+/// with its caller's address).
 struct TopLevel {
-    client: Client,
-    addr: String,
+    host: String,
+    port: u16,
 }
 
 /// A command fred has no feature of ours for.
@@ -674,39 +674,23 @@ async fn raw(client: &Client, name: &'static str, args: &[&str]) -> Value {
 }
 
 impl TopLevel {
-    async fn start(client: &Client) -> TopLevel {
+    fn of(client: &Client) -> TopLevel {
         let server = client.active_connections().into_iter().next().expect("a connected client");
-        TopLevel { client: client.clone(), addr: format!("{}:{}", server.host, server.port) }
+        TopLevel { host: server.host.to_string(), port: server.port }
     }
 
     /// Top-level commands about idempotency records (`keys` is their Redis key prefix) sent
     /// while `f` ran, and how many of them were script calls. Other commands (the counting's
     /// own, `TIME`, which names no key) are left out.
     async fn count<Fut: Future<Output = ()>>(&self, keys: &str, f: Fut) -> (u64, u64) {
-        use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
-        let mut monitor = tokio::net::TcpStream::connect(&self.addr).await.expect("monitor connection");
-        monitor.write_all(b"MONITOR\r\n").await.expect("MONITOR");
-        let mut lines = tokio::io::BufReader::new(monitor).lines();
-        assert_eq!(lines.next_line().await.expect("MONITOR").as_deref(), Some("+OK"));
+        let monitor = support::Monitor::start_at(&self.host, self.port);
         f.await;
-        const END: &str = "bench-monitor-end";
-        let _: Value = raw(&self.client, "ECHO", &[END]).await;
-        let (mut n, mut scripts) = (0, 0);
-        while let Some(line) = lines.next_line().await.expect("MONITOR stream") {
-            if line.contains(END) {
-                break;
-            }
-            // +1764505474.123456 [0 127.0.0.1:50000] "EVALSHA" "<sha>" "1" "idem:{...}:..." ...
-            let Some((source, command)) = line.split_once("] ") else { continue };
-            if source.ends_with(" lua") || !command.contains(&format!("\"{keys}")) {
-                continue;
-            }
-            n += 1;
-            if command.to_ascii_lowercase().starts_with("\"eval") {
-                scripts += 1;
-            }
-        }
-        (n, scripts)
+        let commands = tokio::task::block_in_place(|| monitor.client_commands(keys));
+        let scripts = commands
+            .iter()
+            .filter(|l| l.split_once("] \"").is_some_and(|(_, c)| c.to_ascii_uppercase().starts_with("EVAL")))
+            .count();
+        (commands.len() as u64, scripts as u64)
     }
 }
 
@@ -723,7 +707,7 @@ async fn check_round_trips(idem: &Idempotency, client: &Client, scripts_first: f
     let _: R<()> = idem
         .run(Call::new("warm:err"), || async { Err(Error::Conflict { key: String::new(), retry_after: None }) })
         .await;
-    let top = TopLevel::start(client).await;
+    let top = TopLevel::of(client);
     let records = format!("{}:", idempotency::store::redis::DEFAULT_PREFIX);
     let mut out = Vec::new();
 
@@ -1159,7 +1143,7 @@ impl Target {
     async fn start(label: &'static str, url: Option<String>, binary: fn() -> String) -> Target {
         let process = match &url {
             Some(_) => None,
-            None => Some(support::RedisServer::start_binary(&binary(), Arc::new(|_, _| (Vec::new(), Vec::new())))),
+            None => Some(support::RedisServer::start_binary(&binary())),
         };
         let url = url.unwrap_or_else(|| process.as_ref().unwrap().url());
         let store = RedisStore::connect(&url).await.unwrap_or_else(|e| panic!("connect to {label}: {e}"));
@@ -1494,16 +1478,9 @@ mod chart {
 
     use super::Row;
 
-    /// Bars for the cases people compare: ours against the naive baseline on each server.
-    const CASES: [&str; 7] = [
-        "naive first (SET NX+SET)",
-        "first execution",
-        "naive replay (SET NX+GET)",
-        "replay",
-        "replay, cached",
-        "conflict",
-        "transactional first",
-    ];
+    /// Bars for the cases people compare: ours, and every naive baseline (rows whose case starts
+    /// with `naive`).
+    const CASES: [&str; 5] = ["first execution", "replay", "replay, cached", "conflict", "transactional first"];
 
     /// The rows of a table the benchmark printed (case, store, commit, tasks, ops/s, ...).
     /// Where the rate axis starts: every rate is far above it.
@@ -1519,17 +1496,7 @@ mod chart {
                     store: Box::leak(store.to_string().into_boxed_str()),
                     concurrency: concurrency.parse().ok()?,
                     ops_per_sec: ops.parse().ok()?,
-                    p50_us: 0.0,
-                    p99_us: 0.0,
-                    round_trips_per_op: None,
-                    commands_per_op: None,
-                    server_us_per_op: None,
-                    client_us_per_op: 0.0,
-                    baseline: None,
-                    ratio: None,
-                    commit: None,
-                    failures: 0,
-                    rounds: 1,
+                    ..Row::default()
                 })
             })
             .collect()
@@ -1539,22 +1506,16 @@ mod chart {
         if let Some(dir) = std::path::Path::new(path).parent() {
             std::fs::create_dir_all(dir)?;
         }
-        let mut series: Vec<(&'static str, usize)> = Vec::new();
+        // The cases and the (store, tasks) series shown, in the table's order.
+        let (mut cases, mut series): (Vec<&str>, Vec<(&'static str, usize)>) = (Vec::new(), Vec::new());
         for r in rows.iter().filter(|r| CASES.contains(&r.case.as_str()) || r.case.starts_with("naive")) {
+            if !cases.contains(&r.case.as_str()) {
+                cases.push(r.case.as_str());
+            }
             if !series.contains(&(r.store, r.concurrency)) {
                 series.push((r.store, r.concurrency));
             }
         }
-        let cases: Vec<&str> = {
-            let mut cases: Vec<&str> = Vec::new();
-            for r in rows {
-                let shown = CASES.contains(&r.case.as_str()) || r.case.starts_with("naive");
-                if shown && !cases.contains(&r.case.as_str()) {
-                    cases.push(r.case.as_str());
-                }
-            }
-            cases
-        };
         let top = rows.iter().map(|r| r.ops_per_sec).fold(1.0, f64::max) * 2.0;
         let slot = series.len().max(1) as f64 + 1.0;
         let height = 80 + cases.len() as u32 * (series.len() as u32 * 7 + 14);

@@ -7,8 +7,6 @@
 #[macro_use]
 mod support;
 
-use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use idempotency::store::redis::CommitPath;
@@ -17,26 +15,13 @@ use support::{ms, AppError, RedisServer, R};
 
 /// The two servers, started fresh: (what `RedisStore::server()` should start with, the server).
 fn servers() -> Vec<(&'static str, RedisServer)> {
-    let plain = Arc::new(|_: u16, _: &std::path::Path| (Vec::new(), Vec::new()));
     vec![
-        ("redis 7.", RedisServer::start_binary("redis-server", plain.clone())),
-        ("valkey 8.1.", RedisServer::start_binary(&support::valkey_server_binary(), plain)),
+        ("redis 7.", RedisServer::start_binary("redis-server")),
+        ("valkey 8.1.", RedisServer::start_binary(&support::valkey_server_binary())),
     ]
 }
 
-/// `cmdstat_<name>:calls=N` for every command the server ran since the last `CONFIG RESETSTAT`.
-fn calls(server: &RedisServer) -> HashMap<String, u64> {
-    let info = server.command(&["INFO", "commandstats"]).expect("INFO commandstats");
-    info.lines()
-        .filter_map(|l| {
-            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
-            let n = rest.split(',').find_map(|f| f.strip_prefix("calls="))?.parse().ok()?;
-            Some((name.to_owned(), n))
-        })
-        .collect()
-}
-
-fn count(stats: &HashMap<String, u64>, name: &str) -> u64 {
+fn count(stats: &std::collections::HashMap<String, u64>, name: &str) -> u64 {
     stats.get(name).copied().unwrap_or(0)
 }
 
@@ -57,7 +42,7 @@ async fn first_executions_use_plain_commands_where_the_server_has_compare_and_se
             assert_eq!(got.unwrap(), i);
         }
         // Commands a script runs count too: on Redis the commit script's GET and SET.
-        let stats = calls(&server);
+        let stats = server.command_calls();
         let scripts = count(&stats, "evalsha") + count(&stats, "eval");
         let counted = (count(&stats, "set"), count(&stats, "time"), scripts, count(&stats, "get"));
         if valkey {
@@ -80,45 +65,27 @@ async fn first_executions_use_plain_commands_where_the_server_has_compare_and_se
 async fn a_commit_that_finds_a_waiter_runs_the_script_and_wakes_it() {
     for (expected, server) in servers() {
         let idem = Idempotency::new(RedisStore::connect(&server.url()).await.unwrap());
-        let (started_tx, started) = tokio::sync::oneshot::channel();
-        let (finish, finish_rx) = tokio::sync::oneshot::channel::<()>();
-        let holder = tokio::spawn({
-            let idem = idem.clone();
-            async move {
-                let r: R<String> = idem
-                    .run(Call::new("waited"), || async move {
-                        started_tx.send(()).unwrap();
-                        finish_rx.await.unwrap();
-                        Ok("done".to_owned())
-                    })
-                    .await;
-                r
-            }
-        });
-        started.await.unwrap();
+        let (finish, holder) = support::hold(&idem, Call::new("waited"), false);
         server.command(&["CONFIG", "RESETSTAT"]).unwrap();
         let waiter = tokio::spawn({
             let idem = idem.clone();
             async move {
-                let r: R<String> = idem
-                    .run(Call::new("waited").on_conflict(OnConflict::Wait(Duration::from_secs(10))), || async {
-                        Ok("ran twice".to_owned())
-                    })
-                    .await;
+                let call = Call::new("waited").on_conflict(OnConflict::Wait(Duration::from_secs(10)));
+                let r: R<u32> = idem.run(call, || async { Ok(2) }).await;
                 r
             }
         });
         // The waiter's acquire marked the record watched.
         support::eventually(Duration::from_secs(5), "the waiter's acquire", || {
-            let stats = calls(&server);
+            let stats = server.command_calls();
             std::future::ready((count(&stats, "evalsha") + count(&stats, "eval") >= 1).then_some(()))
         })
         .await;
         finish.send(()).unwrap();
-        assert_eq!(holder.await.unwrap().unwrap(), "done");
-        assert_eq!(waiter.await.unwrap().unwrap(), "done", "{expected}");
+        assert_eq!(holder.await.unwrap().unwrap(), 1);
+        assert_eq!(waiter.await.unwrap().unwrap(), 1, "{expected}: the waiter did not replay the holder's value");
         // The commit script published the completion (the compare-and-set never does).
-        let stats = calls(&server);
+        let stats = server.command_calls();
         assert_eq!(count(&stats, "publish"), 1, "{expected}: {stats:?}");
     }
 }
@@ -135,39 +102,25 @@ async fn a_late_commit_stores_nothing_on_both_paths() {
         let first = tokio::spawn({
             let idem = idem.clone();
             async move {
-                let r: R<String> = idem
+                let r: R<u32> = idem
                     .run(Call::new("lost").ttl(ms(300)).renew(false), || async {
                         tokio::time::sleep(ms(700)).await;
-                        Ok("late".to_owned())
+                        Ok(0)
                     })
                     .await;
                 r
             }
         });
         tokio::time::sleep(ms(450)).await;
-        let (taken_tx, taken) = tokio::sync::oneshot::channel();
-        let (finish, finish_rx) = tokio::sync::oneshot::channel::<()>();
-        let second = tokio::spawn({
-            let idem = idem.clone();
-            async move {
-                let r: R<String> = idem
-                    .run(Call::new("lost"), || async move {
-                        taken_tx.send(()).unwrap();
-                        finish_rx.await.unwrap();
-                        Ok("second".to_owned())
-                    })
-                    .await;
-                r
-            }
-        });
-        taken.await.unwrap();
-        assert_eq!(first.await.unwrap().unwrap(), "late", "{expected}");
+        // The second holder's body answers 1 once released.
+        let (finish, second) = support::hold(&idem, Call::new("lost"), false);
+        assert_eq!(first.await.unwrap().unwrap(), 0, "{expected}");
         let record = server.command(&["GET", &store.record_key(&Call::new("lost").full_key())]).unwrap();
         assert!(record.starts_with("P|"), "{expected}: the late commit overwrote the holder's record: {record}");
         finish.send(()).unwrap();
-        assert_eq!(second.await.unwrap().unwrap(), "second", "{expected}");
-        let replay: R<String> = idem.run(Call::new("lost"), || async { Ok("third".to_owned()) }).await;
-        assert_eq!(replay.unwrap(), "second", "{expected}");
+        assert_eq!(second.await.unwrap().unwrap(), 1, "{expected}");
+        let replay: R<u32> = idem.run(Call::new("lost"), || async { Ok(3) }).await;
+        assert_eq!(replay.unwrap(), 1, "{expected}");
     }
 }
 
@@ -180,22 +133,7 @@ async fn a_key_taken_by_the_acquire_script_commits_without_it() {
         let store = RedisStore::connect(&server.url()).await.unwrap();
         let idem = Idempotency::new(store.clone());
         let record_key = store.record_key(&Call::new("handed-over").full_key());
-        let (started_tx, started) = tokio::sync::oneshot::channel();
-        let (fail, fail_rx) = tokio::sync::oneshot::channel::<()>();
-        let holder = tokio::spawn({
-            let idem = idem.clone();
-            async move {
-                let r: R<u32> = idem
-                    .run(Call::new("handed-over"), || async move {
-                        started_tx.send(()).unwrap();
-                        fail_rx.await.unwrap();
-                        Err(AppError::Failed("gave up"))
-                    })
-                    .await;
-                r
-            }
-        });
-        started.await.unwrap();
+        let (fail, holder) = support::hold(&idem, Call::new("handed-over"), true);
         let (running_tx, running) = tokio::sync::oneshot::channel();
         let (finish, finish_rx) = tokio::sync::oneshot::channel::<()>();
         let waiter = tokio::spawn({
@@ -230,7 +168,7 @@ async fn a_key_taken_by_the_acquire_script_commits_without_it() {
         server.command(&["CONFIG", "RESETSTAT"]).unwrap();
         finish.send(()).unwrap();
         assert_eq!(waiter.await.unwrap().unwrap(), 5, "{expected}");
-        let stats = calls(&server);
+        let stats = server.command_calls();
         let scripts = count(&stats, "evalsha") + count(&stats, "eval");
         assert_eq!(scripts, if expected.starts_with("valkey") { 0 } else { 1 }, "{expected}: {stats:?}");
     }
@@ -242,9 +180,8 @@ async fn a_key_taken_by_the_acquire_script_commits_without_it() {
 /// succeeds, and the store commits with the script from then on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_refuses_compare_and_set_gets_the_script() {
-    let plain = Arc::new(|_: u16, _: &std::path::Path| (Vec::new(), Vec::new()));
-    let valkey = RedisServer::start_binary(&support::valkey_server_binary(), plain.clone());
-    let redis = RedisServer::start_binary("redis-server", plain);
+    let valkey = RedisServer::start_binary(&support::valkey_server_binary());
+    let redis = RedisServer::start_binary("redis-server");
     let proxy = support::proxy::Proxy::start(valkey.port());
     let store = RedisStore::connect(&proxy.url()).await.unwrap();
     assert_eq!(store.commit_path(), CommitPath::CompareAndSet);
@@ -257,20 +194,21 @@ async fn a_server_that_refuses_compare_and_set_gets_the_script() {
     assert_eq!(store.commit_path(), CommitPath::Script);
     // Redis refused the SET IFEQ (a failed call), then the script committed: an EVALSHA,
     // and an EVAL after it, this server's script cache being empty.
-    let info = redis.command(&["INFO", "commandstats"]).unwrap();
-    let set = info.lines().find(|l| l.starts_with("cmdstat_set:")).unwrap_or_default();
-    assert!(set.ends_with("failed_calls=1"), "{set}");
-    let stats = calls(&redis);
+    let failed_sets = || {
+        let info = redis.command(&["INFO", "commandstats"]).unwrap();
+        let set = info.lines().find(|l| l.starts_with("cmdstat_set:")).unwrap_or_default().to_owned();
+        set.rsplit_once("failed_calls=").and_then(|(_, n)| n.parse::<u64>().ok()).unwrap_or_else(|| panic!("{set}"))
+    };
+    assert_eq!(failed_sets(), 1);
+    let stats = redis.command_calls();
     assert_eq!((count(&stats, "evalsha"), count(&stats, "eval")), (1, 1), "{stats:?}");
     let replayed: R<u32> = idem.run(Call::new("moved"), || async { Ok(0) }).await;
     assert_eq!(replayed.unwrap(), 3);
     // The next commit goes to the script at once: no second refusal.
     let next: R<u32> = idem.run(Call::new("moved again"), || async { Ok(4) }).await;
     assert_eq!(next.unwrap(), 4);
-    let info = redis.command(&["INFO", "commandstats"]).unwrap();
-    let set = info.lines().find(|l| l.starts_with("cmdstat_set:")).unwrap_or_default();
-    assert!(set.ends_with("failed_calls=1"), "{set}");
-    assert_eq!(count(&calls(&redis), "evalsha"), 2);
+    assert_eq!(failed_sets(), 1);
+    assert_eq!(count(&redis.command_calls(), "evalsha"), 2);
 }
 
 /// A key overwritten by something that is not a record while its body runs (here a hash): the

@@ -43,47 +43,50 @@ fn holder_child() {
         for line in std::io::stdin().lines() {
             let line = line.unwrap();
             let (key, action) = line.split_once(' ').unwrap();
-            let (tx, rx) = tokio::sync::oneshot::channel::<u64>();
-            let tx = std::sync::Mutex::new(Some(tx));
-            let report = move || {
-                let fence = CallContext::current().unwrap().fence();
-                if let Some(tx) = tx.lock().unwrap().take() {
-                    let _ = tx.send(fence);
-                }
-            };
-            let (idem, key, action) = (idem.clone(), key.to_owned(), action.to_owned());
-            tokio::spawn(async move {
-                let call = Call::new(key);
-                let _: R<()> = match action.as_str() {
-                    "release" => {
-                        idem.run(call, || async move {
-                            report();
-                            Err(AppError::Failed("release"))
-                        })
-                        .await
-                    }
-                    "commit" => {
-                        idem.run(call.keep(ms(50)), || async move {
-                            report();
-                            Ok(())
-                        })
-                        .await
-                    }
-                    "expire" => {
-                        idem.run(call.ttl(ms(150)).renew(false), || async move {
-                            report();
-                            tokio::time::sleep(Duration::from_secs(3600)).await;
-                            Ok(())
-                        })
-                        .await
-                    }
-                    other => panic!("unknown action {other}"),
-                };
-            });
-            let fence = tokio::time::timeout(Duration::from_secs(10), rx).await.expect("no fence").unwrap();
+            assert!(["release", "commit", "expire"].contains(&action), "unknown action {action}");
+            let (_, fence) = take_as(&idem, key, action).await;
             println!("FENCE {fence}");
         }
     });
+}
+
+/// Takes `key` on `idem` in a task of its own, which then does `action` with it: `release`
+/// gives it back at once, `commit` completes it with a 50 ms keep, `expire` holds it under a
+/// 150 ms lease without renewal until the task is aborted. Returns the task and the holder's
+/// fencing token.
+async fn take_as(idem: &Idempotency, key: &str, action: &str) -> (tokio::task::JoinHandle<()>, u64) {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let report = move || {
+        let _ = tx.send(CallContext::current().unwrap().fence());
+    };
+    let (idem, call, action) = (idem.clone(), Call::new(key), action.to_owned());
+    let task = tokio::spawn(async move {
+        let _: R<()> = match action.as_str() {
+            "release" => {
+                idem.run(call, || async move {
+                    report();
+                    Err(AppError::Failed("release"))
+                })
+                .await
+            }
+            "commit" => {
+                idem.run(call.keep(ms(50)), || async move {
+                    report();
+                    Ok(())
+                })
+                .await
+            }
+            _ => {
+                idem.run(call.ttl(ms(150)).renew(false), || async move {
+                    report();
+                    tokio::time::sleep(Duration::from_secs(3600)).await;
+                    Ok(())
+                })
+                .await
+            }
+        };
+    });
+    (task, tokio::time::timeout(Duration::from_secs(10), rx).await.expect("no fence").unwrap())
 }
 
 /// The other process of [`holder_child`].
@@ -237,39 +240,9 @@ async fn fences_strictly_increase_across_holders_and_stalls() {
         let fence = if who == 2 {
             tokio::task::block_in_place(|| theirs.take(key, action))
         } else {
-            let idem = ours[who as usize].clone();
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            hung.push(tokio::spawn(async move {
-                let report = move || {
-                    let _ = tx.send(CallContext::current().unwrap().fence());
-                };
-                let call = Call::new(key);
-                let _: R<()> = match action {
-                    "release" => {
-                        idem.run(call, || async move {
-                            report();
-                            Err(AppError::Failed("release"))
-                        })
-                        .await
-                    }
-                    "commit" => {
-                        idem.run(call.keep(ms(50)), || async move {
-                            report();
-                            Ok(())
-                        })
-                        .await
-                    }
-                    _ => {
-                        idem.run(call.ttl(ms(150)).renew(false), || async move {
-                            report();
-                            tokio::time::sleep(Duration::from_secs(3600)).await;
-                            Ok(())
-                        })
-                        .await
-                    }
-                };
-            }));
-            tokio::time::timeout(Duration::from_secs(10), rx).await.expect("no fence").unwrap()
+            let (task, fence) = take_as(&ours[who as usize], key, action).await;
+            hung.push(task);
+            fence
         };
         fences.push((fence, format!("holder {who}, {action}")));
         // The next holder comes only once this record is gone.

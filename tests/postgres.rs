@@ -52,6 +52,17 @@ fn insert_effect(schema: &str) -> String {
     format!("INSERT INTO \"{schema}\".effects (key, fence) VALUES ($1, $2)")
 }
 
+/// `result` is an `Error::Store` of `kind`; prints it as the caller sees it, after `label`.
+fn expect_store_error<T: std::fmt::Debug>(result: &R<T>, kind: StoreErrorKind, label: &str) {
+    match result {
+        Err(AppError::Idem(e @ Error::Store { source, .. })) => {
+            assert_eq!(source.kind(), kind, "{source}");
+            println!("{label}{e}");
+        }
+        other => panic!("expected a {kind:?} store error, got {other:?}"),
+    }
+}
+
 fn db_error(e: sqlx::Error) -> AppError {
     AppError::Idem(Error::InvalidCall { key: String::new(), reason: e.to_string() })
 }
@@ -208,30 +219,10 @@ async fn a_serialization_failure_at_commit_is_a_clear_error_and_frees_the_key() 
             })
         })
         .await;
-    match &failed {
-        Err(AppError::Idem(Error::Store { source, .. })) => {
-            assert_eq!(source.kind(), StoreErrorKind::Serialization, "{source}");
-            println!("as the caller sees it: {}", failed.unwrap_err_display());
-        }
-        other => panic!("expected a serialization failure, got {other:?}"),
-    }
+    expect_store_error(&failed, StoreErrorKind::Serialization, "as the caller sees it: ");
     assert!(effects(&store, &schema).await.is_empty(), "the body's write stayed");
     let again: R<u32> = idem.run(call(), || async { Ok(2) }).await;
     assert_eq!(again.unwrap(), 2, "the key was not released");
-}
-
-trait ErrDisplay {
-    fn unwrap_err_display(&self) -> String;
-}
-
-impl<T> ErrDisplay for Result<T, AppError> {
-    fn unwrap_err_display(&self) -> String {
-        match self {
-            Err(AppError::Idem(e)) => e.to_string(),
-            Err(e) => format!("{e:?}"),
-            Ok(_) => "ok".into(),
-        }
-    }
 }
 
 /// A runtime on another store cannot complete a key in this table: the transaction's owner-checked
@@ -457,13 +448,7 @@ async fn restart_mid_body_leaves_no_effect_and_no_stuck_key() {
     tokio::task::block_in_place(|| cluster.restart_immediate());
     println!("restarted in {:?}", restarted.elapsed());
     let failed = transactional.await.unwrap();
-    match &failed {
-        Err(AppError::Idem(Error::Store { source, .. })) => {
-            assert_eq!(source.kind(), StoreErrorKind::Unavailable, "{source}");
-            println!("the transactional call: {}", failed.unwrap_err_display());
-        }
-        other => panic!("expected an Unavailable store error, got {other:?}"),
-    }
+    expect_store_error(&failed, StoreErrorKind::Unavailable, "the transactional call: ");
     assert_eq!(plain.await.unwrap().unwrap(), 2, "the plain call lost its value");
     let replay: R<u32> = idem.run(Call::new("plain").ttl(lease), || async { Ok(3) }).await;
     assert_eq!(replay.unwrap(), 2, "the plain call's commit did not land after the restart");
@@ -531,13 +516,7 @@ async fn killed_connections_are_clear_errors_and_listening_resumes() {
     terminate(pid_rx.await.unwrap()).await;
     go_tx.send(()).unwrap();
     let failed = call.await.unwrap();
-    match &failed {
-        Err(AppError::Idem(Error::Store { source, .. })) => {
-            assert_eq!(source.kind(), StoreErrorKind::Unavailable, "{source}");
-            println!("the call whose connection was killed: {}", failed.unwrap_err_display());
-        }
-        other => panic!("expected an Unavailable store error, got {other:?}"),
-    }
+    expect_store_error(&failed, StoreErrorKind::Unavailable, "the call whose connection was killed: ");
     assert!(effects(&store, &schema).await.is_empty(), "the killed transaction's write stayed");
     let again: R<u32> = idem.run(Call::new("killed"), || async { Ok(2) }).await;
     assert_eq!(again.unwrap(), 2, "the key was not released at once");
@@ -593,13 +572,7 @@ async fn a_statement_timeout_is_a_timeout_error_and_leaves_no_key() {
     let started = Instant::now();
     let timed_out: R<u32> = idem.run(Call::new("locked").ttl(Duration::from_secs(2)), || async { Ok(1) }).await;
     let took = started.elapsed();
-    match &timed_out {
-        Err(AppError::Idem(Error::Store { source, .. })) => {
-            assert_eq!(source.kind(), StoreErrorKind::Timeout, "{source}");
-            println!("after {took:?}: {}", timed_out.unwrap_err_display());
-        }
-        other => panic!("expected a Timeout store error, got {other:?}"),
-    }
+    expect_store_error(&timed_out, StoreErrorKind::Timeout, &format!("after {took:?}: "));
     assert!(took < ms(1500), "the call took {took:?}, past its bound");
     locker.rollback().await.unwrap();
     let got: R<u32> = idem.run(Call::new("locked").ttl(Duration::from_secs(2)), || async { Ok(2) }).await;

@@ -134,6 +134,32 @@ pub struct RedisServer {
 /// log file) go between them.
 pub type Setup = dyn Fn(u16, &Path) -> (Vec<String>, Vec<String>) + Send + Sync;
 
+/// Runs `call` in a task whose body holds the key until the returned sender fires (or is
+/// dropped), then returns `Err` (`fail`) or `Ok(1)`; returns once the body has started.
+pub fn hold(
+    idem: &Idempotency,
+    call: idempotency::Call,
+    fail: bool,
+) -> (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<R<u32>>) {
+    let (release, released) = tokio::sync::oneshot::channel::<()>();
+    let (started_tx, started) = std::sync::mpsc::channel();
+    let idem = idem.clone();
+    let task = tokio::spawn(async move {
+        idem.run(call, || async move {
+            started_tx.send(()).unwrap();
+            let _ = released.await;
+            if fail {
+                Err(AppError::Failed("holder failed"))
+            } else {
+                Ok(1)
+            }
+        })
+        .await
+    });
+    tokio::task::block_in_place(|| started.recv_timeout(Duration::from_secs(10)).expect("the holder started"));
+    (release, task)
+}
+
 /// A port nobody listens on now.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("no free port").port()
@@ -240,12 +266,16 @@ impl RedisServer {
     /// Starts a server with arguments of its own (see [`Setup`]) on a free port and waits until
     /// it answers PING.
     pub fn start_with(setup: Arc<Setup>) -> RedisServer {
-        Self::start_binary(&redis_server_binary(), setup)
+        Self::launch(&redis_server_binary(), setup)
     }
 
-    /// Starts `binary` (a `redis-server` or a `valkey-server`) with arguments of its own on a
-    /// free port and waits until it answers PING.
-    pub fn start_binary(binary: &str, setup: Arc<Setup>) -> RedisServer {
+    /// Starts `binary` (a `redis-server` or a `valkey-server`) on a free port and waits until it
+    /// answers PING.
+    pub fn start_binary(binary: &str) -> RedisServer {
+        Self::launch(binary, Arc::new(|_, _| (Vec::new(), Vec::new())))
+    }
+
+    fn launch(binary: &str, setup: Arc<Setup>) -> RedisServer {
         for _ in 0..5 {
             let port = free_port();
             let dir = std::env::temp_dir().join(format!("idem-redis-{}-{port}", std::process::id()));
@@ -298,6 +328,19 @@ impl RedisServer {
 
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// `calls` of each command since the last `CONFIG RESETSTAT` (`INFO commandstats`; commands
+    /// run by scripts count too), by name (`set`, `evalsha`, `config|resetstat`).
+    pub fn command_calls(&self) -> std::collections::HashMap<String, u64> {
+        let info = self.command(&["INFO", "commandstats"]).expect("INFO commandstats");
+        info.lines()
+            .filter_map(|l| {
+                let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+                let calls = rest.split(',').find_map(|f| f.strip_prefix("calls="))?.parse().ok()?;
+                Some((name.to_owned(), calls))
+            })
+            .collect()
     }
 
     pub fn url(&self) -> String {
@@ -362,12 +405,18 @@ pub fn signal_pid(pid: u32, sig: libc::c_int) {
 /// (`+1764… [0 127.0.0.1:5000] "SET" "key" …`; a command run by a script shows `[0 lua]`).
 pub struct Monitor {
     lines: Arc<Mutex<Vec<String>>>,
+    addr: (String, u16),
 }
 
 impl Monitor {
     /// Starts watching the server on `port`; commands from now on are seen.
     pub fn start(port: u16) -> Monitor {
-        let stream = TcpStream::connect(("127.0.0.1", port)).expect("connect for MONITOR");
+        Self::start_at("127.0.0.1", port)
+    }
+
+    /// Starts watching the server at `host:port`.
+    pub fn start_at(host: &str, port: u16) -> Monitor {
+        let stream = TcpStream::connect((host, port)).expect("connect for MONITOR");
         let mut reader = BufReader::new(stream);
         reader.get_mut().write_all(b"*1\r\n$7\r\nMONITOR\r\n").expect("send MONITOR");
         let mut ok = String::new();
@@ -381,15 +430,43 @@ impl Monitor {
                 sink.lock().unwrap().push(line);
             }
         });
-        Monitor { lines }
+        Monitor { lines, addr: (host.to_owned(), port) }
     }
 
-    /// How many commands naming `key` clients have sent so far (not those scripts ran), after a
-    /// short pause for the last lines to arrive.
+    /// Every line seen so far, once the server has shown every command sent before this call:
+    /// an `ECHO` of a marker goes after them, and the stream is read until the marker.
+    fn settled(&self) -> Vec<String> {
+        static MARKS: AtomicUsize = AtomicUsize::new(0);
+        let marker = format!("monitor-mark-{}", MARKS.fetch_add(1, Ordering::Relaxed));
+        let mut stream = TcpStream::connect((self.addr.0.as_str(), self.addr.1)).expect("connect to send the marker");
+        let echo = format!("*2\r\n$4\r\nECHO\r\n${}\r\n{marker}\r\n", marker.len());
+        stream.write_all(echo.as_bytes()).expect("send the marker");
+        wait_for(Duration::from_secs(10), "the monitor to show the marker", || {
+            let lines = self.lines.lock().unwrap();
+            match lines.iter().position(|l| l.contains(&marker)) {
+                Some(at) => Ok(lines[..at].to_vec()),
+                None => Err("not yet".to_owned()),
+            }
+        })
+    }
+
+    /// The commands clients sent so far (not those scripts ran, shown as `[0 lua]`) naming a
+    /// key that starts with `prefix`, as their lines.
+    pub fn client_commands(&self, prefix: &str) -> Vec<String> {
+        let quoted = format!("\"{prefix}");
+        self.settled()
+            .into_iter()
+            .filter(|l| {
+                l.split_once("] ")
+                    .is_some_and(|(source, command)| !source.ends_with(" lua") && command.contains(&quoted))
+            })
+            .collect()
+    }
+
+    /// How many commands naming exactly `key` clients have sent so far.
     pub fn client_commands_on(&self, key: &str) -> usize {
-        std::thread::sleep(Duration::from_millis(100));
         let quoted = format!("\"{key}\"");
-        self.lines.lock().unwrap().iter().filter(|l| l.contains(&quoted) && !l.contains(" lua]")).count()
+        self.client_commands(key).iter().filter(|l| l.contains(&quoted)).count()
     }
 }
 
