@@ -239,32 +239,14 @@ fn message(e: &EventRec) -> &str {
     e.fields.get("message").map(String::as_str).unwrap_or("")
 }
 
-/// Holds `key` in `scope` until `release` fires; the body then returns `Err` (`fail`) or a
-/// value.
+/// Holds `key` in `scope` (a 10 s lease) until `release` fires ([`support::hold`]).
 fn hold(
     idem: &Idempotency,
     scope: &str,
     key: &str,
     fail: bool,
 ) -> (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<R<u32>>) {
-    let (release, released) = tokio::sync::oneshot::channel::<()>();
-    let (started_tx, started) = std::sync::mpsc::channel();
-    let call = Call::new(key).scope(scope).ttl(Duration::from_secs(10));
-    let idem = idem.clone();
-    let task = tokio::spawn(async move {
-        idem.run(call, || async move {
-            started_tx.send(()).unwrap();
-            let _ = released.await;
-            if fail {
-                Err(AppError::Failed("holder failed"))
-            } else {
-                Ok(1)
-            }
-        })
-        .await
-    });
-    tokio::task::block_in_place(|| started.recv_timeout(Duration::from_secs(10)).expect("the holder started"));
-    (release, task)
+    support::hold(idem, Call::new(key).scope(scope).ttl(Duration::from_secs(10)), fail)
 }
 
 /// Every outcome of the list in `telemetry::CallOutcome` that a store can produce, once each in
@@ -626,5 +608,31 @@ fn outcome_names_are_the_documented_ones() {
         "idempotency_replay_cache_entries",
     ] {
         assert!(doc.contains(name), "docs/observability.md lists {name}");
+    }
+}
+
+/// At connect the store says, in a DEBUG event, which server it found and how each transition
+/// runs there: the commit a script on Redis 7.0, a `SET IFEQ` on Valkey 8.1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_names_its_server_and_paths_at_connect() {
+    let _turn = turn().await;
+    let valkey = support::valkey_server_binary();
+    for (binary, server, commit) in
+        [("redis-server", "redis 7.", "script"), (valkey.as_str(), "valkey 8.1.", "SET IFEQ")]
+    {
+        let process = support::RedisServer::start_binary(binary);
+        RedisStore::connect(&process.url()).await.unwrap();
+        let connected: Vec<EventRec> = all_events()
+            .into_iter()
+            .filter(|e| message(e) == "idempotency store connected" && e.fields["server"].starts_with(server))
+            .collect();
+        assert_eq!(connected.len(), 1, "{server}: {:?}", all_events());
+        let event = &connected[0];
+        assert_eq!(event.level, tracing::Level::DEBUG);
+        let field = |name: &str| event.fields.get(name).map(String::as_str);
+        assert_eq!(
+            (field("acquire"), field("commit"), field("release")),
+            (Some("SET NX GET"), Some(commit), Some("script"))
+        );
     }
 }
