@@ -108,12 +108,6 @@ pub mod __private {
         }
     }
 
-    impl<R: Runtime + ?Sized> Runtime for std::sync::Arc<R> {
-        fn runtime(&self) -> Option<&idempotent_core::Idempotency> {
-            (**self).runtime()
-        }
-    }
-
     #[cfg(feature = "postgres")]
     pub use idempotent_core::store::postgres::PgTransaction;
 

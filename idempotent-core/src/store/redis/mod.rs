@@ -603,11 +603,10 @@ impl RedisStore {
         let reply: Value = match server {
             Some(server) => {
                 let on_node = client.with_cluster_node(server.clone());
-                within("scan", self.inner.timeout, async {
-                    Box::pin(on_node.scan_page::<Value, _, _>(node_cursor, pattern, Some(count), None))
-                        .await
-                        .map_err(|e| store_error("scan", e))
-                })
+                self.bounded(
+                    "scan",
+                    Box::pin(on_node.scan_page::<Value, _, _>(node_cursor, pattern, Some(count), None)),
+                )
                 .await?
             }
             None => {
