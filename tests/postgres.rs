@@ -339,7 +339,11 @@ async fn kill_run(transactional: bool, seed: u64) -> KillRun {
     for i in 0..EO_RUNS {
         let key = format!("eo:{i}");
         let pause = 5 + rng.below(25);
-        let kill_after = rng.below(45);
+        // Aimed at the call, which takes the pause plus a few milliseconds (acquire, insert,
+        // commit): the kill lands before, inside or just after the body, mid-commit, or after
+        // the call. A window not tied to the pause (0-45 ms) let about half the children finish
+        // first on a quiet machine, under the run's own bound of a half killed.
+        let kill_after = rng.below(pause + 10);
         let mut child = Command::new(std::env::current_exe().unwrap())
             .args(["exactly_once_child", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
             .env("IDEM_EO_URL", &url)
