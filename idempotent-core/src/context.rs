@@ -70,8 +70,9 @@ impl CallContext {
         &self.inner.key
     }
 
-    /// The owner id of the attempt holding the key.
-    pub(crate) fn owner(&self) -> &str {
+    /// The owner id of the attempt holding the key (as [`inspect`](crate::Idempotency::inspect)
+    /// shows it while the key is in progress).
+    pub fn owner(&self) -> &str {
         self.inner.owner.as_str()
     }
 
@@ -111,8 +112,9 @@ impl CallContext {
         self.inner.on_lost.notify_one();
     }
 
-    /// Resolves once the lease is known lost, with what showed it.
-    pub(crate) async fn lost(&self) -> &'static str {
+    /// Resolves once the lease is known lost, with what showed it: `select!` it against work
+    /// that must stop when another caller may run the same key.
+    pub async fn lost(&self) -> &'static str {
         loop {
             if let Some(reason) = self.inner.lost.get() {
                 return reason;

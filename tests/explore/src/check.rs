@@ -1,0 +1,470 @@
+//! The checker: reads a history and holds it to the guarantees of `docs/guarantees.md`.
+//!
+//! - **I1** no two bodies of one key overlap: an effect of a body that has not been told its
+//!   lease is lost never happens while another body of the key holds it untold; with
+//!   `abort_on_lease_lost`, a body is not polled after it was told; every waiter on a lock's
+//!   `lost()` resolves.
+//! - **I2** at most one successful execution per key while its record is kept: no acquisition
+//!   lands between a confirmed commit and `keep` after it.
+//! - **I3** a replay returns the value of the execution whose record is current: a value some
+//!   body of the key returned, read before that record surely ended (another acquisition, a
+//!   purge, its `keep`).
+//! - **I4** fences strictly increase across successive holders of a key.
+//! - **I5** no stuck key: once faults are over and leases have run out, every key can be taken.
+//! - **I6** every call ends within its bound (besides its body's own time).
+//! - **I7** nothing lost silently: every `Ok` a body returned is stored, or its caller or body
+//!   was told.
+//!
+//! Windows are judged by what the history proves, never by a guess: a store command landed
+//! somewhere between its sending and its answer, so a violation is reported only when every
+//! order consistent with the history breaks the invariant. The documented exceptions (a record
+//! the store lost, an operator's forced purge, a commit through an outage longer than the lease,
+//! a caller that dropped its call during the commit) are counted by name, not reported.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::time::Duration;
+
+use crate::history::{BodyEnd, CallId, Event, Micros, OpKind, OpResult, Returned};
+
+/// A broken invariant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    pub invariant: &'static str,
+    pub key: String,
+    pub what: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} on {}: {}", self.invariant, self.key, self.what)
+    }
+}
+
+/// What the checker found.
+#[derive(Debug, Default)]
+pub struct Report {
+    pub violations: Vec<Violation>,
+    /// Documented exceptions met, by name.
+    pub exceptions: BTreeMap<&'static str, usize>,
+}
+
+#[derive(Debug, Default, Clone)]
+struct Body {
+    start: Micros,
+    owner: String,
+    fence: u64,
+    /// The body's effects (its start first) and whether it knew its lease lost at each.
+    effects: Vec<(Micros, bool)>,
+    told: Option<Micros>,
+    end: Option<(Micros, BodyEnd)>,
+}
+
+#[derive(Debug, Default, Clone)]
+struct CallInfo {
+    id: CallId,
+    key: String,
+    keep: Duration,
+    lock: bool,
+    abort: bool,
+    probe: bool,
+    bound: Duration,
+    proc: usize,
+    invoke: Micros,
+    body: Option<Body>,
+    lock_lost: Option<u8>,
+    returned: Option<(Micros, Returned)>,
+}
+
+impl CallInfo {
+    /// Until when the body held the key believing it exclusive: its end, or when it was told.
+    fn claimed_until(&self) -> Micros {
+        let Some(b) = &self.body else { return 0 };
+        let end = b.end.as_ref().map_or(Micros::MAX, |(t, _)| *t);
+        b.told.map_or(end, |t| t.min(end))
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Op {
+    kind: OpKind,
+    key: String,
+    owner: String,
+    sent: Micros,
+    answer: Option<(Micros, OpResult)>,
+}
+
+/// What the checker reads off a history.
+struct Reading {
+    calls: Vec<CallInfo>,
+    ops: Vec<Op>,
+    /// Purges: key, when sent, when answered, forced, deleted.
+    purges: Vec<(String, Micros, Micros, bool, bool)>,
+    /// Purge broadcasts received: process, key, when.
+    delivered: Vec<(usize, String, Micros)>,
+    losses: Vec<(String, Micros)>,
+}
+
+/// Times inside the checker: microseconds times 1024, plus the event's rank among those of the
+/// same microsecond, so that events at one instant of the paused clock keep their order.
+const TICK: Micros = 1024;
+
+/// A duration in the checker's time.
+fn span(d: Duration) -> Micros {
+    d.as_micros() as Micros * TICK
+}
+
+/// A checker time as microseconds, for messages.
+fn us(t: Micros) -> Micros {
+    t / TICK
+}
+
+fn read(events: &[(Micros, Event)]) -> Reading {
+    let mut calls: BTreeMap<CallId, CallInfo> = BTreeMap::new();
+    let mut ops: Vec<Op> = Vec::new();
+    let mut op_index: HashMap<(usize, u64), usize> = HashMap::new();
+    let mut purges = Vec::new();
+    let mut delivered = Vec::new();
+    let mut losses = Vec::new();
+    let (mut last, mut rank) = (Micros::MAX, 0);
+    for (t, e) in events {
+        rank = if *t == last { (rank + 1).min(TICK - 1) } else { 0 };
+        last = *t;
+        let t = *t * TICK + rank;
+        match e {
+            Event::Invoke { call, proc, key, keep, lock, abort, bound, probe } => {
+                calls.insert(
+                    *call,
+                    CallInfo {
+                        id: *call,
+                        key: key.clone(),
+                        keep: *keep,
+                        lock: *lock,
+                        abort: *abort,
+                        probe: *probe,
+                        bound: *bound,
+                        proc: *proc,
+                        invoke: t,
+                        ..CallInfo::default()
+                    },
+                );
+            }
+            Event::BodyStart { call, owner, fence, lost } => {
+                if let Some(c) = calls.get_mut(call) {
+                    c.body = Some(Body {
+                        start: t,
+                        owner: owner.clone(),
+                        fence: *fence,
+                        effects: vec![(t, *lost)],
+                        ..Body::default()
+                    });
+                }
+            }
+            Event::Effect { call, lost } => {
+                if let Some(b) = calls.get_mut(call).and_then(|c| c.body.as_mut()) {
+                    b.effects.push((t, *lost));
+                }
+            }
+            Event::Told { call, .. } => {
+                if let Some(b) = calls.get_mut(call).and_then(|c| c.body.as_mut()) {
+                    b.told.get_or_insert(t);
+                }
+            }
+            Event::BodyEnd { call, end } => {
+                if let Some(b) = calls.get_mut(call).and_then(|c| c.body.as_mut()) {
+                    b.end = Some((t, end.clone()));
+                }
+            }
+            Event::LockLost { call, woken } => {
+                if let Some(c) = calls.get_mut(call) {
+                    c.lock_lost = Some(*woken);
+                }
+            }
+            Event::Return { call, returned } => {
+                if let Some(c) = calls.get_mut(call) {
+                    c.returned = Some((t, returned.clone()));
+                }
+            }
+            Event::OpSent { proc, id, kind, key, owner } => {
+                op_index.insert((*proc, *id), ops.len());
+                ops.push(Op { kind: kind.clone(), key: key.clone(), owner: owner.clone(), sent: t, answer: None });
+            }
+            Event::OpAnswered { proc, id, result } => {
+                if let Some(&i) = op_index.get(&(*proc, *id)) {
+                    ops[i].answer = Some((t, result.clone()));
+                }
+            }
+            Event::Purge { key, force, sent, deleted } => purges.push((key.clone(), *sent * TICK, t, *force, *deleted)),
+            Event::PurgeDelivered { proc, key } => delivered.push((*proc, key.clone(), t)),
+            Event::Lose { key } => losses.push((key.clone(), t)),
+        }
+    }
+    Reading { calls: calls.into_values().collect(), ops, purges, delivered, losses }
+}
+
+/// Checks `events` (a history, in time order) against I1 to I7.
+pub fn check(events: &[(Micros, Event)]) -> Report {
+    let r = read(events);
+    let mut report = Report::default();
+    let mut violation = |invariant: &'static str, key: &str, what: String| {
+        report.violations.push(Violation { invariant, key: key.to_owned(), what })
+    };
+    let mut exceptions: BTreeMap<&'static str, usize> = BTreeMap::new();
+    let bodies: Vec<&CallInfo> = r.calls.iter().filter(|c| c.body.is_some()).collect();
+    // A record of `key` taken away between `from` and `to` by the store or a forced purge.
+    let taken_away = |key: &str, from: Micros, to: Micros| {
+        r.losses.iter().any(|(k, t)| k == key && from <= *t && *t <= to)
+            || r.purges.iter().any(|(k, sent, done, force, _)| k == key && *force && *done >= from && *sent <= to)
+    };
+
+    // I1: overlapping bodies.
+    let mut reported = std::collections::HashSet::new();
+    for x in &bodies {
+        let xb = x.body.as_ref().expect("bodies have a body");
+        for y in &bodies {
+            if x.id == y.id || x.key != y.key {
+                continue;
+            }
+            let yb = y.body.as_ref().expect("bodies have a body");
+            let (y_from, y_until) = (yb.start, y.claimed_until());
+            let Some(&(t, _)) = xb.effects.iter().find(|(t, lost)| !lost && y_from <= *t && *t < y_until) else {
+                continue;
+            };
+            // Each pair once.
+            if !reported.insert((x.id.min(y.id), x.id.max(y.id))) {
+                continue;
+            }
+            if taken_away(&x.key, x.invoke.min(y.invoke), t) {
+                *exceptions.entry("record taken away (store loss or forced purge)").or_default() += 1;
+                continue;
+            }
+            violation(
+                "I1",
+                &x.key,
+                format!(
+                    "call #{} acted at {} us while call #{} (since {} us) held the key and was not told its lease was lost",
+                    x.id,
+                    us(t),
+                    y.id,
+                    us(y_from)
+                ),
+            );
+        }
+        if x.abort {
+            if let Some(told) = xb.told {
+                let after = xb
+                    .effects
+                    .iter()
+                    .map(|(t, _)| *t)
+                    .chain(xb.end.iter().filter(|(_, e)| *e != BodyEnd::Dropped).map(|(t, _)| *t));
+                if let Some(t) = after.filter(|t| *t > told).min() {
+                    violation(
+                        "I1",
+                        &x.key,
+                        format!(
+                            "call #{} aborts on lease loss, was told at {} us and still ran at {} us",
+                            x.id,
+                            us(told),
+                            us(t)
+                        ),
+                    );
+                }
+            }
+        }
+        if let Some(woken) = x.lock_lost {
+            if woken < 2 {
+                violation("I1", &x.key, format!("lock #{} was lost and {woken} of its 2 lost() waiters woke", x.id));
+            }
+        }
+    }
+
+    let acquired = |owner: &str| -> Option<(Micros, Micros)> {
+        r.ops
+            .iter()
+            .rev()
+            .filter(|o| o.kind == OpKind::Acquire && o.owner == owner)
+            .filter_map(|o| match &o.answer {
+                Some((at, OpResult::Acquired { .. })) => Some((o.sent, *at)),
+                _ => None,
+            })
+            .next()
+    };
+    fn commits<'r>(ops: &'r [Op], owner: &'r str) -> impl Iterator<Item = &'r Op> + 'r {
+        ops.iter().filter(move |o| o.kind == OpKind::Commit && o.owner == owner)
+    }
+    // When the first commit of `owner` was confirmed, and when its first commit was sent.
+    let confirmed = |owner: &str| -> Option<(Micros, Micros)> {
+        let first_sent = commits(&r.ops, owner).map(|o| o.sent).min()?;
+        let done = commits(&r.ops, owner).filter_map(|o| match &o.answer {
+            Some((at, OpResult::Done)) => Some(*at),
+            _ => None,
+        });
+        done.min().map(|d| (first_sent, d))
+    };
+    let purged = |key: &str, after: Micros, before: Micros| {
+        r.purges.iter().any(|(k, sent, done, _, _)| k == key && *sent > after && *done < before)
+    };
+
+    // I2: a second execution while the first's record is surely kept.
+    for x in bodies.iter().filter(|c| !c.lock) {
+        let xb = x.body.as_ref().expect("a body");
+        if !matches!(xb.end, Some((_, BodyEnd::Ok(_)))) || x.keep.is_zero() {
+            continue;
+        }
+        let Some((first_sent, done)) = confirmed(&xb.owner) else { continue };
+        let kept_until = first_sent + span(x.keep);
+        for y in bodies.iter().filter(|c| c.key == x.key && c.id != x.id) {
+            let Some((sent, answered)) = acquired(&y.body.as_ref().expect("a body").owner) else { continue };
+            if sent > done && answered + span(Duration::from_millis(1)) < kept_until {
+                if taken_away(&x.key, done, answered) || purged(&x.key, x.invoke, answered) {
+                    *exceptions.entry("record taken away (store loss or purge)").or_default() += 1;
+                    continue;
+                }
+                violation(
+                    "I2",
+                    &x.key,
+                    format!(
+                        "call #{} ran again (acquired {}..{} us) while call #{}'s record, stored at {} us, was kept until {} us",
+                        y.id,
+                        us(sent),
+                        us(answered),
+                        x.id,
+                        us(done),
+                        us(kept_until)
+                    ),
+                );
+            }
+        }
+    }
+
+    // I3: replays.
+    let value_of = |key: &str, value: &str| {
+        bodies.iter().find(|c| {
+            c.key == key && matches!(&c.body.as_ref().expect("a body").end, Some((_, BodyEnd::Ok(v))) if v == value)
+        })
+    };
+    for c in r.calls.iter().filter(|c| !c.lock) {
+        let Some((_, Returned::Ok { value, replayed: true, cached, .. })) = &c.returned else { continue };
+        let Some(x) = value_of(&c.key, value) else {
+            violation("I3", &c.key, format!("call #{} replayed {value:?}, which no body of the key returned", c.id));
+            continue;
+        };
+        let xb = x.body.as_ref().expect("a body");
+        let read = c.invoke;
+        let Some((_, done)) = confirmed(&xb.owner) else { continue };
+        let ended = if done + span(x.keep) + span(Duration::from_millis(1)) < read {
+            Some(format!("its keep of {:?} after it was stored at {} us", x.keep, us(done)))
+        } else if let Some(y) = r.ops.iter().find(|o| {
+            o.key == c.key
+                && o.kind == OpKind::Acquire
+                && o.sent > done
+                && matches!(&o.answer, Some((at, OpResult::Acquired { .. })) if *at < read)
+        }) {
+            Some(format!("another acquisition, sent at {} us, found the key free", us(y.sent)))
+        } else if let Some((_, sent, at, _, _)) = r.purges.iter().find(|(k, sent, at, _, _)| {
+            // A store read after the purge was answered; a cached answer after its broadcast
+            // reached the process (until then the cache cannot know).
+            *k == c.key
+                && *sent > done
+                && if *cached {
+                    r.delivered.iter().any(|(p, dk, dt)| *p == c.proc && dk == k && *dt > *sent && *dt < read)
+                } else {
+                    *at < read
+                }
+        }) {
+            Some(format!(
+                "a purge ({}..{} us){}",
+                us(*sent),
+                us(*at),
+                if *cached { ", its broadcast received" } else { "" }
+            ))
+        } else {
+            None
+        };
+        if ended.is_some()
+            && (taken_away(&c.key, done, read) || r.losses.iter().any(|(k, t)| *k == c.key && *t >= done && *t <= read))
+        {
+            // A record lost by the store (not purged) stays in a replay cache: documented.
+            *exceptions.entry("replayed from a cache after the store lost the record").or_default() += 1;
+            continue;
+        }
+        if let Some(why) = ended {
+            violation(
+                "I3",
+                &c.key,
+                format!(
+                    "call #{} at {} us replayed call #{}'s {value:?}, whose record had ended: {why}",
+                    c.id,
+                    us(read),
+                    x.id
+                ),
+            );
+        }
+    }
+
+    // I4: fences of successive holders.
+    for x in &bodies {
+        for y in &bodies {
+            let (xb, yb) = (x.body.as_ref().expect("a body"), y.body.as_ref().expect("a body"));
+            if x.key == y.key && xb.start < y.invoke && xb.fence >= yb.fence {
+                violation(
+                    "I4",
+                    &x.key,
+                    format!(
+                        "call #{} (fence {}) came after call #{} (fence {}) started",
+                        y.id, yb.fence, x.id, xb.fence
+                    ),
+                );
+            }
+        }
+    }
+
+    for c in &r.calls {
+        let Some((returned_at, returned)) = &c.returned else {
+            violation("I6", &c.key, format!("call #{} never returned", c.id));
+            continue;
+        };
+        // I5: probes after the faults.
+        if c.probe {
+            if let Returned::Err(e) = returned {
+                violation("I5", &c.key, format!("the probe #{} after every fault and lease got {e}", c.id));
+            }
+        }
+        // I6: bounded calls.
+        let body_time = c.body.as_ref().map_or(0, |b| b.end.as_ref().map_or(0, |(t, _)| t - b.start));
+        let took = returned_at - c.invoke - body_time.min(returned_at - c.invoke);
+        if took > span(c.bound) {
+            violation(
+                "I6",
+                &c.key,
+                format!("call #{} took {} us besides its body, over its bound of {:?}", c.id, us(took), c.bound),
+            );
+        }
+    }
+
+    // I7: a body's Ok is stored, or someone was told.
+    for x in bodies.iter().filter(|c| !c.lock) {
+        let xb = x.body.as_ref().expect("a body");
+        let Some((_, BodyEnd::Ok(value))) = &xb.end else { continue };
+        if confirmed(&xb.owner).is_some() || xb.told.is_some() {
+            continue;
+        }
+        match &x.returned {
+            Some((_, Returned::Ok { stored: false, .. } | Returned::Err(_) | Returned::Panicked)) => continue,
+            Some((_, Returned::Cancelled)) => {
+                *exceptions.entry("caller dropped its call during the commit").or_default() += 1;
+                continue;
+            }
+            _ => {}
+        }
+        let failed = commits(&r.ops, &xb.owner)
+            .any(|o| matches!(&o.answer, Some((_, OpResult::Error | OpResult::NoReply)) | None));
+        if failed {
+            *exceptions.entry("commit through an outage longer than the lease").or_default() += 1;
+            continue;
+        }
+        violation("I7", &x.key, format!("call #{}'s body returned {value:?}, never stored, and nobody was told", x.id));
+    }
+    report.exceptions = exceptions;
+    report
+}

@@ -1,0 +1,340 @@
+//! Plays a schedule on tokio's paused clock (a current-thread runtime whose clock jumps to the
+//! next timer whenever every task waits: seconds of schedule in microseconds of CPU, the same
+//! way every time): one `Idempotency` per simulated process, each on its own [`Faulty`] store
+//! over one shared backend, an operator's runtime straight on the backend for purges, and the
+//! calls at their times. Once the schedule and its faults are over and every lease has had time
+//! to run out, every key is probed from every process (I5). Everything lands in a [`History`].
+
+use std::future::Future;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::pin::pin;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+
+use idempotency::{Call, CallContext, Force, Idempotency, MemoryStore, OnConflict, OnDuplicate};
+use tokio::time::Instant;
+
+use crate::faults::Faulty;
+use crate::history::{BodyEnd, CallId, Event, History, Returned};
+use crate::model::{Backend, ModelStore};
+use crate::schedule::{CallSpec, End, Schedule};
+
+/// Which store the processes share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Store {
+    /// `MemoryStore`.
+    Memory,
+    /// The model of the Redis store's record semantics.
+    Model,
+}
+
+/// The scope of the schedule's guarded calls.
+const SCOPE: &str = "x";
+
+/// The payload of a planned panic (kept out of the output by the explorer's panic hook).
+pub const PLANNED_PANIC: &str = "explorer: planned panic";
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// The full key of key `k` of a schedule, for a call or a lock.
+pub fn full_key(k: usize, lock: bool) -> String {
+    if lock {
+        format!("{}:k{k}", idempotency::LOCK_SCOPE)
+    } else {
+        format!("{SCOPE}:k{k}")
+    }
+}
+
+/// The error of the explorer's bodies.
+#[derive(Debug)]
+enum AppError {
+    Lib(idempotency::Error),
+    Body,
+}
+
+impl From<idempotency::Error> for AppError {
+    fn from(e: idempotency::Error) -> Self {
+        AppError::Lib(e)
+    }
+}
+
+/// The variant's name of a library error: `Conflict`, `LeaseLost`, ...
+fn error_name(e: &idempotency::Error) -> String {
+    let text = format!("{e:?}");
+    text.split(|c: char| !c.is_alphanumeric()).next().unwrap_or("").to_owned()
+}
+
+/// Plays `schedule` on `store` and returns its history.
+pub fn play(schedule: &Schedule, store: Store) -> History {
+    let mut builder = tokio::runtime::Builder::new_current_thread();
+    builder.enable_time().start_paused(true);
+    // `select!` picks its first branch at random; with a fixed seed (tokio's unstable API,
+    // which scripts/explore.sh turns on) a schedule plays the same way every time.
+    #[cfg(tokio_unstable)]
+    builder.rng_seed(tokio::runtime::RngSeed::from_bytes(b"explore"));
+    let rt = builder.build().expect("a paused current-thread runtime");
+    let history = rt.block_on(play_in(schedule, store));
+    // Background tasks (watchdogs, background commits and releases) go with the runtime.
+    drop(rt);
+    history
+}
+
+async fn play_in(schedule: &Schedule, store: Store) -> History {
+    let history = History::new();
+    let start = Instant::now();
+    let backend = match store {
+        Store::Memory => Backend::Memory(Arc::new(MemoryStore::new())),
+        Store::Model => Backend::Model(Arc::new(ModelStore::default())),
+    };
+    let stores: Vec<Arc<Faulty>> = (0..schedule.caches.len())
+        .map(|p| {
+            let timeout = ms(schedule.timeouts_ms[p]);
+            Arc::new(Faulty::new(p, backend.clone(), &schedule.faults, start, history.clone(), timeout))
+        })
+        .collect();
+    let longest_timeout = ms(schedule.timeouts_ms.iter().copied().max().unwrap_or(0));
+    let idems: Vec<Idempotency> = stores
+        .iter()
+        .zip(&schedule.caches)
+        .map(|(s, &cache)| {
+            let builder = Idempotency::builder_shared(s.clone()).wait_recheck(ms(50));
+            if cache { builder.replay_cache(1000) } else { builder }.build()
+        })
+        .collect();
+    let admin = Idempotency::builder_shared(backend.store()).build();
+
+    let mut tasks = tokio::task::JoinSet::new();
+    for p in &schedule.purges {
+        let (admin, h, key) = (admin.clone(), history.clone(), full_key(p.key, false));
+        let (at, force) = (start + ms(p.at_ms), p.force);
+        tasks.spawn(async move {
+            tokio::time::sleep_until(at).await;
+            let sent = h.now();
+            let mode = if force { Force::InProgress } else { Force::CompletedOnly };
+            let forgotten = admin.forget("", &key, mode).await;
+            let deleted = matches!(forgotten, Ok(idempotency::store::Forgotten::Deleted(_)));
+            h.record(Event::Purge { key, force, sent, deleted });
+        });
+    }
+    for l in &schedule.losses {
+        let (backend, h, at, key) = (backend.clone(), history.clone(), start + ms(l.at_ms), full_key(l.key, false));
+        tasks.spawn(async move {
+            tokio::time::sleep_until(at).await;
+            backend.lose(&key);
+            h.record(Event::Lose { key });
+        });
+    }
+    for (id, spec) in schedule.calls.iter().enumerate() {
+        let (idem, h, spec, at) = (idems[spec.proc].clone(), history.clone(), spec.clone(), start + ms(spec.at_ms));
+        let timeout = ms(schedule.timeouts_ms[spec.proc]);
+        tasks.spawn(async move {
+            tokio::time::sleep_until(at).await;
+            one_call(&idem, &h, id, &spec, timeout, false).await;
+        });
+    }
+    // Every call ends within its bound (I6 says how long); a minute of schedule time is far past it.
+    let _ = tokio::time::timeout(Duration::from_secs(60), async { while tasks.join_next().await.is_some() {} }).await;
+
+    // Once every fault has ended: every lease may run out, every background commit and release
+    // may land. Then every key must be free or completed (I5).
+    let longest_ttl = schedule.calls.iter().map(|c| c.ttl_ms).max().unwrap_or(0);
+    let settled = start + ms(schedule.faults_end_ms()) + ms(longest_ttl) + 10 * longest_timeout;
+    tokio::time::sleep_until(settled.max(Instant::now() + 10 * longest_timeout)).await;
+    let mut id = schedule.calls.len();
+    let mut keys: Vec<(usize, bool)> = schedule.calls.iter().map(|c| (c.key, c.lock)).collect();
+    keys.sort_unstable();
+    keys.dedup();
+    for (key, lock) in keys {
+        for (proc, idem) in idems.iter().enumerate() {
+            let probe = CallSpec {
+                at_ms: 0,
+                proc,
+                key,
+                lock,
+                ttl_ms: 1000,
+                keep_ms: 1000,
+                wait_ms: None,
+                reject_duplicates: false,
+                abort_on_lease_lost: false,
+                renew: true,
+                steps_ms: Vec::new(),
+                end: End::Ok,
+                cancel_ms: None,
+            };
+            one_call(idem, &history, id, &probe, ms(schedule.timeouts_ms[proc]), true).await;
+            id += 1;
+        }
+    }
+    drop(idems);
+    drop(admin);
+    history
+}
+
+/// Makes one call (or takes one lock) as `spec` says and records what happened.
+async fn one_call(idem: &Idempotency, h: &History, id: CallId, spec: &CallSpec, timeout: Duration, probe: bool) {
+    let patience = spec.wait_ms.map_or(Duration::ZERO, ms);
+    // Acquiring: each acquire (and the watch) within the store's timeout, after the patience; the
+    // commit within its deadline (twice the timeout); a release within the timeout.
+    let bound = patience + 6 * timeout + ms(20);
+    h.record(Event::Invoke {
+        call: id,
+        proc: spec.proc,
+        key: full_key(spec.key, spec.lock),
+        keep: ms(spec.keep_ms),
+        lock: spec.lock,
+        abort: spec.abort_on_lease_lost,
+        bound,
+        probe,
+    });
+    let work = async {
+        if spec.lock {
+            take_lock(idem, h, id, spec).await
+        } else {
+            guarded(idem, h, id, spec).await
+        }
+    };
+    let caught = caught(work);
+    let returned = match spec.cancel_ms {
+        Some(after) => tokio::time::timeout(ms(after), caught).await.unwrap_or(Err(Returned::Cancelled)),
+        None => caught.await,
+    };
+    h.record(Event::Return { call: id, returned: returned.unwrap_or_else(|r| r) });
+}
+
+/// `fut`'s output, or `Returned::Panicked` if polling it panicked.
+async fn caught(fut: impl Future<Output = Returned>) -> Result<Returned, Returned> {
+    let mut fut = pin!(fut);
+    std::future::poll_fn(|cx| match catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(cx))) {
+        Ok(Poll::Pending) => Poll::Pending,
+        Ok(Poll::Ready(r)) => Poll::Ready(Ok(r)),
+        Err(_) => Poll::Ready(Err(Returned::Panicked)),
+    })
+    .await
+}
+
+async fn guarded(idem: &Idempotency, h: &History, id: CallId, spec: &CallSpec) -> Returned {
+    let call = Call::new(format!("k{}", spec.key))
+        .scope(SCOPE)
+        .ttl(ms(spec.ttl_ms))
+        .keep(ms(spec.keep_ms))
+        .on_conflict(spec.wait_ms.map_or(OnConflict::Reject, |w| OnConflict::Wait(ms(w))))
+        .on_duplicate(if spec.reject_duplicates { OnDuplicate::Reject } else { OnDuplicate::Replay })
+        .abort_on_lease_lost(spec.abort_on_lease_lost)
+        .renew(spec.renew);
+    let body = || async {
+        let ctx = CallContext::current().expect("a guarded body has its context");
+        let mut ended = Ending { h, call: id, done: false };
+        h.record(Event::BodyStart {
+            call: id,
+            owner: ctx.owner().to_owned(),
+            fence: ctx.fence(),
+            lost: ctx.is_lease_lost(),
+        });
+        steps(h, id, &spec.steps_ms, || ctx.is_lease_lost(), [ctx.lost()]).await;
+        ended.done = true;
+        let value = format!("v{id}");
+        match spec.end {
+            End::Ok => {
+                h.record(Event::BodyEnd { call: id, end: BodyEnd::Ok(value.clone()) });
+                Ok(value)
+            }
+            End::Err => {
+                h.record(Event::BodyEnd { call: id, end: BodyEnd::Failed });
+                Err(AppError::Body)
+            }
+            End::Panic => {
+                h.record(Event::BodyEnd { call: id, end: BodyEnd::Failed });
+                panic!("{PLANNED_PANIC}");
+            }
+        }
+    };
+    match idem.run_with_outcome(call, body).await {
+        Ok((value, outcome)) => {
+            Returned::Ok { value, replayed: outcome.replayed, cached: outcome.attempts == 0, stored: true }
+        }
+        Err(AppError::Lib(e)) => Returned::Err(error_name(&e)),
+        Err(AppError::Body) => Returned::BodyErr,
+    }
+}
+
+async fn take_lock(idem: &Idempotency, h: &History, id: CallId, spec: &CallSpec) -> Returned {
+    let request = idem.lock(format!("k{}", spec.key)).ttl(ms(spec.ttl_ms));
+    let taken = match spec.wait_ms {
+        Some(w) => request.wait(ms(w)).await,
+        None => request.acquire().await,
+    };
+    let guard = match taken {
+        Ok(guard) => guard,
+        Err(e) => return Returned::Err(error_name(&e)),
+    };
+    let mut ended = Ending { h, call: id, done: false };
+    h.record(Event::BodyStart { call: id, owner: String::new(), fence: guard.fence(), lost: guard.is_lost() });
+    // Two tasks' worth of waiters on `lost()`: every one must resolve.
+    steps(h, id, &spec.steps_ms, || guard.is_lost(), [guard.lost(), guard.lost()]).await;
+    ended.done = true;
+    h.record(Event::BodyEnd { call: id, end: BodyEnd::Ok(String::new()) });
+    if guard.is_lost() {
+        let woken =
+            h.events().iter().filter(|(_, e)| matches!(e, Event::Told { call, .. } if *call == id)).count() as u8;
+        h.record(Event::LockLost { call: id, woken });
+    }
+    match guard.release().await {
+        Ok(()) => Returned::Ok { value: String::new(), replayed: false, cached: false, stored: true },
+        Err(e) => Returned::Err(error_name(&e)),
+    }
+}
+
+/// A body's steps: it sleeps each and records an effect after each, while every future of
+/// `lost` (the lease known lost) is watched and recorded as a `Told` when it resolves.
+async fn steps<const N: usize>(
+    h: &History,
+    id: CallId,
+    steps_ms: &[u64],
+    is_lost: impl Fn() -> bool,
+    lost: [impl Future<Output = &'static str>; N],
+) {
+    let work = async {
+        for &step in steps_ms {
+            tokio::time::sleep(ms(step)).await;
+            h.record(Event::Effect { call: id, lost: is_lost() });
+        }
+    };
+    let mut watchers: Vec<_> = lost
+        .into_iter()
+        .enumerate()
+        .map(|(which, fut)| {
+            Box::pin(async move {
+                fut.await;
+                h.record(Event::Told { call: id, which: which as u8 });
+                std::future::pending::<()>().await;
+            })
+        })
+        .collect();
+    let mut work = pin!(work);
+    std::future::poll_fn(|cx| {
+        // The watchers first: a loss that is known when a step wakes is recorded before it.
+        for w in &mut watchers {
+            let _ = w.as_mut().poll(cx);
+        }
+        work.as_mut().poll(cx)
+    })
+    .await
+}
+
+/// Records a body dropped before it finished.
+struct Ending<'a> {
+    h: &'a History,
+    call: CallId,
+    done: bool,
+}
+
+impl Drop for Ending<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.h.record(Event::BodyEnd { call: self.call, end: BodyEnd::Dropped });
+        }
+    }
+}

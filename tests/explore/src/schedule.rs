@@ -1,0 +1,243 @@
+//! A schedule: the simulated processes, the calls they make (with their policies, bodies,
+//! errors, panics and cancellations), the faults on their connections, the operator's purges and
+//! the records the store loses, each at a time. [`schedule`] is the proptest strategy that makes
+//! them; shrinking drops calls and faults and shortens times, down to the smallest schedule that
+//! still breaks an invariant.
+
+use std::fmt;
+
+use proptest::prelude::*;
+
+/// How a body ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    Ok,
+    Err,
+    Panic,
+}
+
+/// One call (or lock) of a schedule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallSpec {
+    pub at_ms: u64,
+    pub proc: usize,
+    pub key: usize,
+    /// A lock guard (`Idempotency::lock`) instead of a guarded call.
+    pub lock: bool,
+    pub ttl_ms: u64,
+    pub keep_ms: u64,
+    /// `OnConflict::Wait` with this patience (else `Reject`).
+    pub wait_ms: Option<u64>,
+    pub reject_duplicates: bool,
+    pub abort_on_lease_lost: bool,
+    pub renew: bool,
+    /// The body's steps: it sleeps each, and does something after each.
+    pub steps_ms: Vec<u64>,
+    pub end: End,
+    /// The caller drops the call this long after invoking it.
+    pub cancel_ms: Option<u64>,
+}
+
+/// What goes wrong on a process's connections while a fault lasts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultKind {
+    /// Commands sent meanwhile reach the store this much later.
+    DelayUp(u64),
+    /// Replies produced meanwhile reach the process this much later.
+    DelayDown(u64),
+    /// Replies produced meanwhile never arrive (the commands did land).
+    LoseReplies,
+    /// Commands sent meanwhile fail at once and never land.
+    Refuse,
+    /// A plain acquire landing meanwhile is split: its second and third commands land this much
+    /// after the first (a stall in the middle of a pipeline).
+    Split(u64),
+    /// Purge broadcasts and change notifications reach the process this much later.
+    PubsubDelay(u64),
+    /// The pub/sub connection is down: purges are missed (and the process is told so).
+    PubsubDown,
+}
+
+/// A fault on one process's connections, for a while.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fault {
+    pub proc: usize,
+    pub from_ms: u64,
+    pub len_ms: u64,
+    pub kind: FaultKind,
+}
+
+/// An operator's `forget` of a key (`force`: in progress too).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Purge {
+    pub at_ms: u64,
+    pub key: usize,
+    pub force: bool,
+}
+
+/// The store loses a key's record (a failover, a restart).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Loss {
+    pub at_ms: u64,
+    pub key: usize,
+}
+
+/// A whole schedule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Schedule {
+    /// Per process: whether its runtime has a replay cache.
+    pub caches: Vec<bool>,
+    /// Per process: its store's timeout (the bound on each command), in milliseconds.
+    pub timeouts_ms: Vec<u64>,
+    pub calls: Vec<CallSpec>,
+    pub faults: Vec<Fault>,
+    pub purges: Vec<Purge>,
+    pub losses: Vec<Loss>,
+}
+
+impl Schedule {
+    /// How many keys the schedule's calls use.
+    pub fn keys(&self) -> usize {
+        self.calls.iter().map(|c| c.key + 1).max().unwrap_or(1)
+    }
+
+    /// When the last fault ends.
+    pub fn faults_end_ms(&self) -> u64 {
+        self.faults.iter().map(|f| f.from_ms + f.len_ms).max().unwrap_or(0)
+    }
+}
+
+/// Times on a 10 ms grid, so that events of one schedule fall on the same instants often.
+fn at(max_ms: u64) -> impl Strategy<Value = u64> {
+    (0..=max_ms / 10).prop_map(|t| t * 10)
+}
+
+fn ttl() -> impl Strategy<Value = u64> {
+    prop_oneof![Just(50u64), Just(100), Just(300), Just(1000)]
+}
+
+fn keep() -> impl Strategy<Value = u64> {
+    prop_oneof![1 => Just(0u64), 3 => Just(300), 3 => Just(1000), 1 => Just(5000)]
+}
+
+fn end() -> impl Strategy<Value = End> {
+    prop_oneof![6 => Just(End::Ok), 2 => Just(End::Err), 1 => Just(End::Panic)]
+}
+
+fn call(procs: usize, keys: usize) -> impl Strategy<Value = CallSpec> {
+    (
+        (at(2000), 0..procs, 0..keys, prop::bool::weighted(0.15)),
+        (ttl(), keep(), prop::option::weighted(0.3, at(1500)), prop::bool::weighted(0.15)),
+        (prop::bool::weighted(0.3), prop::bool::weighted(0.9)),
+        (prop::collection::vec(at(1200), 0..3), end(), prop::option::weighted(0.15, at(1500))),
+    )
+        .prop_map(
+            |(
+                (at_ms, proc, key, lock),
+                (ttl_ms, keep_ms, wait_ms, reject),
+                (abort, renew),
+                (steps_ms, end, cancel_ms),
+            )| {
+                CallSpec {
+                    at_ms,
+                    proc,
+                    key,
+                    lock,
+                    ttl_ms,
+                    keep_ms,
+                    wait_ms,
+                    reject_duplicates: reject,
+                    abort_on_lease_lost: abort,
+                    renew,
+                    steps_ms,
+                    end,
+                    cancel_ms,
+                }
+            },
+        )
+}
+
+fn fault(procs: usize) -> impl Strategy<Value = Fault> {
+    let kind = prop_oneof![
+        2 => (1..=150u64).prop_map(|d| FaultKind::DelayUp(d * 10)),
+        3 => (1..=150u64).prop_map(|d| FaultKind::DelayDown(d * 10)),
+        1 => Just(FaultKind::LoseReplies),
+        1 => Just(FaultKind::Refuse),
+        1 => (1..=80u64).prop_map(|d| FaultKind::Split(d * 10)),
+        1 => (1..=100u64).prop_map(|d| FaultKind::PubsubDelay(d * 10)),
+        1 => Just(FaultKind::PubsubDown),
+    ];
+    (0..procs, at(2000), (1..=150u64).prop_map(|l| l * 10), kind).prop_map(|(proc, from_ms, len_ms, kind)| Fault {
+        proc,
+        from_ms,
+        len_ms,
+        kind,
+    })
+}
+
+/// The strategy: 2 or 3 processes, 1 or 2 keys, up to 15 calls, 4 faults, 3 purges and a loss, in
+/// two seconds.
+pub fn schedule() -> impl Strategy<Value = Schedule> {
+    (2..=3usize, prop_oneof![3 => Just(1usize), 1 => Just(2)]).prop_flat_map(|(procs, keys)| {
+        (
+            prop::collection::vec(prop::bool::weighted(0.6), procs),
+            prop::collection::vec(prop_oneof![Just(100u64), Just(1000)], procs),
+            prop::collection::vec(call(procs, keys), 1..16),
+            prop::collection::vec(fault(procs), 0..5),
+            prop::collection::vec((at(2000), 0..keys, prop::bool::weighted(0.3)), 0..4),
+            prop::collection::vec((at(2000), 0..keys), 0..2),
+        )
+            .prop_map(|(caches, timeouts_ms, calls, faults, purges, losses)| Schedule {
+                caches,
+                timeouts_ms,
+                calls,
+                faults,
+                purges: purges.into_iter().map(|(at_ms, key, force)| Purge { at_ms, key, force }).collect(),
+                // Losses are rare: most schedules hold the store to every guarantee.
+                losses: losses.into_iter().take(1).map(|(at_ms, key)| Loss { at_ms, key }).collect(),
+            })
+    })
+}
+
+impl fmt::Display for Schedule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "  processes: {} (replay cache: {:?}, store timeout: {:?} ms)",
+            self.caches.len(),
+            self.caches,
+            self.timeouts_ms
+        )?;
+        for (i, c) in self.calls.iter().enumerate() {
+            let what = if c.lock { "lock" } else { "call" };
+            write!(f, "  #{i} at {}ms p{} {what} k{} ttl {}ms keep {}ms", c.at_ms, c.proc, c.key, c.ttl_ms, c.keep_ms)?;
+            if let Some(w) = c.wait_ms {
+                write!(f, " wait {w}ms")?;
+            }
+            if c.reject_duplicates {
+                write!(f, " reject-duplicates")?;
+            }
+            if c.abort_on_lease_lost {
+                write!(f, " abort-on-lease-lost")?;
+            }
+            if !c.renew {
+                write!(f, " no-renew")?;
+            }
+            write!(f, " body {:?}ms -> {:?}", c.steps_ms, c.end)?;
+            if let Some(x) = c.cancel_ms {
+                write!(f, " cancelled at +{x}ms")?;
+            }
+            writeln!(f)?;
+        }
+        for x in &self.faults {
+            writeln!(f, "  fault p{} {:?} from {}ms for {}ms", x.proc, x.kind, x.from_ms, x.len_ms)?;
+        }
+        for p in &self.purges {
+            writeln!(f, "  purge k{} at {}ms{}", p.key, p.at_ms, if p.force { " (force)" } else { "" })?;
+        }
+        for l in &self.losses {
+            writeln!(f, "  store loses k{} at {}ms", l.key, l.at_ms)?;
+        }
+        Ok(())
+    }
+}
