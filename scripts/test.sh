@@ -41,6 +41,10 @@ cargo test -p idempotent-core --no-default-features --features redis --lib
 echo "== packaging: every crate packages and builds from its tarball; a crate outside the workspace runs on them"
 bash scripts/package-check.sh
 
+echo "== the explorer: fixed seeds, then a random one (printed), deterministic layer, bounded"
+bash scripts/explore.sh --seed 1 --schedules 20000
+bash scripts/explore.sh --minutes 1
+
 echo "== benchmark round-trip check (exact counts from Redis, not timings)"
 cargo run --quiet --release --example bench -- --check
 echo "== all green"

@@ -109,17 +109,23 @@ impl CallContext {
 
     pub(crate) fn mark_lost(&self, reason: &'static str) {
         let _ = self.inner.lost.set(reason);
-        self.inner.on_lost.notify_one();
+        // Every waiter, not one: a body, the runtime aborting it and a lock's holders may all
+        // wait on the same loss. Waiters that come later see the flag.
+        self.inner.on_lost.notify_waiters();
     }
 
     /// Resolves once the lease is known lost, with what showed it: `select!` it against work
     /// that must stop when another caller may run the same key.
     pub async fn lost(&self) -> &'static str {
         loop {
+            // Registered before the flag is read: a loss marked in between still wakes it.
+            let notified = self.inner.on_lost.notified();
+            let mut notified = std::pin::pin!(notified);
+            notified.as_mut().enable();
             if let Some(reason) = self.inner.lost.get() {
                 return reason;
             }
-            self.inner.on_lost.notified().await;
+            notified.await;
         }
     }
 

@@ -577,6 +577,7 @@ impl Idempotency {
                     fence: track.fence,
                     waited: track.waited,
                     attempts: track.attempts,
+                    stored: track.stored,
                 },
             )),
             Err(Fail::Lib(e)) => Err(E::from(e)),
@@ -631,11 +632,11 @@ impl Idempotency {
                     if track.waited.is_zero() { CallOutcome::Executed } else { CallOutcome::WaitedThenExecuted };
                 let context = CallContext::new(key, owner, fence, track.attempts);
                 let held = Held { context, lease, sent, fingerprint, token_expires };
-                self.execute(call, held, body, commit).await
+                self.execute(call, held, body, commit, track).await
             }
-            Taken::Completed { fingerprint: theirs, result, kept_until } => {
+            Taken::Completed { fingerprint: theirs, result, kept_until, generation } => {
                 if let Some(bytes) = &result {
-                    self.inner.cache_put(&key, theirs.as_deref(), bytes, kept_until);
+                    self.inner.cache_put(&key, theirs.as_deref(), bytes, kept_until, generation);
                 }
                 track.replayed();
                 tracing::debug!(stored = result.is_some(), "idempotency key completed: replaying");
@@ -662,6 +663,7 @@ impl Idempotency {
         let mut watcher: Option<Watcher> = None;
         let mut _waiting: Option<WaitSlot<'_>> = None;
         loop {
+            let generation = self.inner.cache_generation();
             let sent = Instant::now();
             let started = *started.get_or_insert(sent);
             let request = AcquireRequest {
@@ -704,11 +706,38 @@ impl Idempotency {
                 track.waited = Instant::now() - started;
             }
             match found {
-                AcquireOutcome::Acquired { fence } => return Ok(Taken::Held { fence, sent }),
+                AcquireOutcome::Acquired { fence } => {
+                    // A reply that came after the lease may have run out (a slow link, a stalled
+                    // process): another caller may hold the key by now. The body must not start;
+                    // the key goes back, owner-checked, in case it is still this owner's.
+                    let margin = crate::watchdog::safety_margin(lease);
+                    if Instant::now() + margin >= sent + lease {
+                        tracing::warn!(
+                            key = %telemetry::logged_key(key),
+                            took_ms = answered.as_millis() as u64,
+                            lease_ms = lease.as_millis() as u64,
+                            "idempotency acquire answered after its lease could have run out; not running the body"
+                        );
+                        self.release_in_background(key, owner.as_str(), lease);
+                        return Err(Error::LeaseLost {
+                            key: key.to_owned(),
+                            reason: format!(
+                                "the store answered the acquire after {answered:?}, with the lease of {lease:?} \
+                                 (less its safety margin) run out: another caller may hold the key"
+                            ),
+                        });
+                    }
+                    return Ok(Taken::Held { fence, sent });
+                }
                 AcquireOutcome::Completed { fingerprint: theirs, result, kept_for } => {
                     check_fingerprint(key, theirs.as_deref(), fingerprint)?;
                     // Counted from before the read was sent: never past the record's end.
-                    return Ok(Taken::Completed { fingerprint: theirs, result, kept_until: sent + kept_for });
+                    return Ok(Taken::Completed {
+                        fingerprint: theirs,
+                        result,
+                        kept_until: sent + kept_for,
+                        generation,
+                    });
                 }
                 AcquireOutcome::Corrupt { reason } => {
                     tracing::warn!(key = %telemetry::logged_key(key), reason = %reason, "idempotency key holds something that is not a record");
@@ -768,6 +797,7 @@ impl Idempotency {
         held: Held,
         body: F,
         commit: CommitWith<C>,
+        track: &mut Track,
     ) -> Result<T, Fail<E>>
     where
         T: Serialize + DeserializeOwned,
@@ -799,10 +829,11 @@ impl Idempotency {
         };
         let registration = self.inner.watchdog.register(held.lease, call.renew, held.sent, context.clone());
         let driven = if call.abort_on_lease_lost {
+            // The loss first: a lease known lost stops the body before its next poll.
             tokio::select! {
                 biased;
-                out = caught => Driven::Finished(out),
                 reason = context.lost() => Driven::Lost(reason),
+                out = caught => Driven::Finished(out),
             }
         } else {
             Driven::Finished(caught.await)
@@ -844,18 +875,28 @@ impl Idempotency {
                         drop(handle);
                         self.commit(call, &held, encoded, lease_end)
                             .await
+                            .map(|confirmed| track.stored = confirmed)
                             .map_err(|source| Error::Unconfirmed { key: context.key().to_owned(), source })
                     }
                     CommitWith::Custom(commit) => {
                         let completed = self.completed(call, &held, encoded);
                         let (result, fingerprint, keep) =
                             (completed.result.clone(), completed.fingerprint.clone(), completed.keep);
+                        let generation = self.inner.cache_generation();
                         let sent = Instant::now();
                         match commit(handle, completed).await {
                             Ok(Transition::Done) => {
                                 guard.store = None;
+                                track.stored = true;
                                 if let Some(bytes) = &result {
-                                    self.inner.cache_put(context.key(), fingerprint.as_deref(), bytes, sent + keep);
+                                    let until = sent + keep;
+                                    self.inner.cache_put(
+                                        context.key(),
+                                        fingerprint.as_deref(),
+                                        bytes,
+                                        until,
+                                        generation,
+                                    );
                                 }
                                 Ok(())
                             }
@@ -904,7 +945,9 @@ impl Idempotency {
     /// background until the lease would have run out. A lost key or a corrupt record is logged
     /// (the body ran, so its value is returned anyway); a store that says too few replicas have
     /// the record fails the call, which is the caller's to know.
-    async fn commit(&self, call: &Call, held: &Held, encoded: Encoded, lease_end: Instant) -> Result<(), StoreError> {
+    /// `Ok(true)` when the store confirmed the record; `Ok(false)` when it refused it (another
+    /// owner has the key) or the commit goes on in the background past the deadline.
+    async fn commit(&self, call: &Call, held: &Held, encoded: Encoded, lease_end: Instant) -> Result<bool, StoreError> {
         let key = held.context.key();
         let result = replayable(key, encoded);
         let keep = self.keep_for(call, held);
@@ -917,10 +960,11 @@ impl Idempotency {
             fingerprint: held.fingerprint.as_deref(),
         };
         // The common case, inline and without copying anything.
+        let generation = self.inner.cache_generation();
         let sent = Instant::now();
         let first = match self.inner.store.commit(request).await {
             Err(e) if e.kind() != StoreErrorKind::Replication => e,
-            outcome => return self.inner.committed(&request, outcome, sent),
+            outcome => return self.inner.committed(&request, outcome, sent, generation),
         };
         tracing::warn!(key = %telemetry::logged_key(key), error = %first, "idempotency commit failed; retrying");
         let pending = PendingCommit {
@@ -931,7 +975,9 @@ impl Idempotency {
             result,
             fingerprint: held.fingerprint.clone(),
         };
-        let mut retries = Box::pin(self.inner.clone().retry_commit(pending, lease_end));
+        // A retry's cached copy still ends `keep` after this first send: the record may have
+        // been written by it, whatever the retry that confirms it finds.
+        let mut retries = Box::pin(self.inner.clone().retry_commit(pending, lease_end, sent, generation));
         // The deadline counts from the first attempt, not from its failure.
         match tokio::time::timeout_at(sent + self.inner.commit_deadline, &mut retries).await {
             Ok(outcome) => outcome,
@@ -943,7 +989,7 @@ impl Idempotency {
                      storing goes on in the background until the lease would end"
                 );
                 tokio::spawn(retries);
-                Ok(())
+                Ok(false)
             }
         }
     }
@@ -1031,11 +1077,19 @@ struct PendingCommit {
 
 impl Inner {
     /// Caches a completed result (when the cache is on and follows purges).
-    fn cache_put(&self, key: &str, fingerprint: Option<&str>, result: &[u8], until: Instant) {
+    /// `generation` is the replay cache's purge generation when the request that read or wrote
+    /// the result was sent ([`Inner::cache_generation`]): a purge since keeps it out.
+    fn cache_put(&self, key: &str, fingerprint: Option<&str>, result: &[u8], until: Instant, generation: u64) {
         if let Some(cache) = &self.cache {
             self.follow_purges();
-            cache.put(key, fingerprint, result, until);
+            cache.put(key, fingerprint, result, until, generation);
         }
+    }
+
+    /// The replay cache's purge generation (0 without a cache), read before a request whose
+    /// reply may be cached is sent.
+    fn cache_generation(&self) -> u64 {
+        self.cache.as_ref().map_or(0, |c| c.generation())
     }
 
     /// Starts following the store's purges for the replay cache, once, from a task of the
@@ -1066,34 +1120,44 @@ impl Inner {
     }
 
     /// What a commit's outcome means for the caller: `Done` fills the replay cache (until `keep`
-    /// after the commit was sent: never past the record's end), a lost key or corrupt record is
+    /// after the first commit of this result was sent: never past the record's end, whichever
+    /// attempt wrote it; unless a purge came since `generation`), a lost key or corrupt record is
     /// logged, a store error is returned.
     fn committed(
         &self,
         request: &CommitRequest<'_>,
         outcome: Result<Transition, StoreError>,
-        sent: Instant,
-    ) -> Result<(), StoreError> {
+        first_sent: Instant,
+        generation: u64,
+    ) -> Result<bool, StoreError> {
         let key = request.key;
         match outcome? {
             Transition::Done => {
                 if let Some(bytes) = request.result {
-                    self.cache_put(key, request.fingerprint, bytes, sent + request.keep);
+                    self.cache_put(key, request.fingerprint, bytes, first_sent + request.keep, generation);
                 }
+                Ok(true)
             }
             Transition::Lost => {
-                tracing::warn!(key = %telemetry::logged_key(key), "idempotency result not stored: another owner holds the key")
+                tracing::warn!(key = %telemetry::logged_key(key), "idempotency result not stored: another owner holds the key");
+                Ok(false)
             }
             Transition::Corrupt { reason } => {
-                tracing::warn!(key = %telemetry::logged_key(key), reason = %reason, "idempotency result not stored: the key is corrupt")
+                tracing::warn!(key = %telemetry::logged_key(key), reason = %reason, "idempotency result not stored: the key is corrupt");
+                Ok(false)
             }
         }
-        Ok(())
     }
 
     /// Retries a failed commit with backoff until it is stored, the store refuses it, or the
     /// lease would have run out (at least three attempts).
-    async fn retry_commit(self: Arc<Self>, pending: PendingCommit, lease_end: Instant) -> Result<(), StoreError> {
+    async fn retry_commit(
+        self: Arc<Self>,
+        pending: PendingCommit,
+        lease_end: Instant,
+        first_sent: Instant,
+        generation: u64,
+    ) -> Result<bool, StoreError> {
         let request = CommitRequest {
             key: &pending.key,
             owner: &pending.owner,
@@ -1107,17 +1171,16 @@ impl Inner {
         for attempt in 2u32.. {
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(1));
-            let sent = Instant::now();
             match self.store.commit(request).await {
                 Err(e) if e.kind() != StoreErrorKind::Replication => {
                     if attempt >= 3 && Instant::now() + backoff >= until {
                         // The body ran: its caller gets its value; a duplicate may run it again.
                         tracing::warn!(key = %telemetry::logged_key(&pending.key), error = %e, attempt, "idempotency result not stored: the store failed until the lease ran out");
-                        return Ok(());
+                        return Ok(false);
                     }
                     tracing::debug!(key = %telemetry::logged_key(&pending.key), error = %e, attempt, "idempotency commit failed; retrying");
                 }
-                outcome => return self.committed(&request, outcome, sent),
+                outcome => return self.committed(&request, outcome, first_sent, generation),
             }
         }
         unreachable!("the attempts run out before the counter does")
@@ -1165,6 +1228,8 @@ pub(crate) struct Track {
     fence: Option<u64>,
     waited: Duration,
     attempts: u32,
+    /// The store confirmed this call's record (or the value replayed is a stored one).
+    stored: bool,
 }
 
 impl Default for Track {
@@ -1176,6 +1241,7 @@ impl Default for Track {
             fence: None,
             waited: Duration::ZERO,
             attempts: 0,
+            stored: false,
         }
     }
 }
@@ -1188,6 +1254,7 @@ impl Track {
 
     fn replayed(&mut self) {
         self.replayed = true;
+        self.stored = true;
         self.outcome = if self.waited.is_zero() { CallOutcome::Replayed } else { CallOutcome::WaitedThenReplayed };
     }
 }
@@ -1206,6 +1273,11 @@ pub struct Outcome {
     pub waited: Duration,
     /// How many times the call asked the store for the key (0: answered from the replay cache).
     pub attempts: u32,
+    /// Whether the value is stored: a replayed one, or the body's own with its record confirmed
+    /// by the store. `false` when the body ran but the store refused its record (its lease was
+    /// lost and another caller took the key: a duplicate may run the body again) or the commit
+    /// still goes on in the background past the commit deadline.
+    pub stored: bool,
 }
 
 /// A call's failure: the library's, or the body's own.
@@ -1270,8 +1342,9 @@ struct Go {
 pub(crate) enum Taken {
     /// The key is held: the acquisition's fence, and when its acquire was sent.
     Held { fence: u64, sent: Instant },
-    /// The key completed: what it keeps, until when it may be cached.
-    Completed { fingerprint: Option<String>, result: Option<Vec<u8>>, kept_until: Instant },
+    /// The key completed: what it keeps, until when it may be cached, and the replay cache's
+    /// purge generation when the read was sent.
+    Completed { fingerprint: Option<String>, result: Option<Vec<u8>>, kept_until: Instant, generation: u64 },
 }
 
 /// How a body ended.

@@ -34,7 +34,7 @@ const IDLE_LOOK: Duration = Duration::from_secs(1);
 
 /// The part of a lease kept back from the local deadline: a renewal must be confirmed this
 /// long before the lease would end on the server.
-fn safety_margin(lease: Duration) -> Duration {
+pub(crate) fn safety_margin(lease: Duration) -> Duration {
     lease / 10
 }
 

@@ -95,10 +95,11 @@ impl ModelStore {
     }
 
     /// A parameter-mode acquire as `RedisStore` sends it. Without waiting: `SET NX GET`, then
-    /// `TIME`, then (`report_ttl`) `PTTL`, the later two landing `split` after the one before
-    /// (zero on a healthy connection). A waiting caller's acquire is the script: one step.
+    /// `TIME`, then (`report_ttl`) `PTTL`, each landing `split` after the one before (zero on a
+    /// healthy connection). A caller that waits or needs the record's lifetime takes the script:
+    /// one step.
     pub async fn acquire_split(&self, req: AcquireRequest<'_>, split: Duration) -> AcquireOutcome {
-        if req.will_wait {
+        if req.will_wait || req.report_ttl {
             return self.acquire_script(&req);
         }
         let got = {

@@ -185,7 +185,8 @@ async fn one_call(idem: &Idempotency, h: &History, id: CallId, spec: &CallSpec, 
         key: full_key(spec.key, spec.lock),
         keep: ms(spec.keep_ms),
         lock: spec.lock,
-        abort: spec.abort_on_lease_lost,
+        // A lock guard is not aborted: its holder selects on `lost()` itself.
+        abort: spec.abort_on_lease_lost && !spec.lock,
         bound,
         probe,
     });
@@ -253,7 +254,7 @@ async fn guarded(idem: &Idempotency, h: &History, id: CallId, spec: &CallSpec) -
     };
     match idem.run_with_outcome(call, body).await {
         Ok((value, outcome)) => {
-            Returned::Ok { value, replayed: outcome.replayed, cached: outcome.attempts == 0, stored: true }
+            Returned::Ok { value, replayed: outcome.replayed, cached: outcome.attempts == 0, stored: outcome.stored }
         }
         Err(AppError::Lib(e)) => Returned::Err(error_name(&e)),
         Err(AppError::Body) => Returned::BodyErr,

@@ -101,9 +101,18 @@ impl Schedule {
         self.calls.iter().map(|c| c.key + 1).max().unwrap_or(1)
     }
 
-    /// When the last fault ends.
+    /// When the last fault ends, and what it left queued on a connection has landed and been
+    /// answered (delays add up, and a connection lands its commands in order).
     pub fn faults_end_ms(&self) -> u64 {
-        self.faults.iter().map(|f| f.from_ms + f.len_ms).max().unwrap_or(0)
+        let backlog: u64 = self
+            .faults
+            .iter()
+            .map(|f| match f.kind {
+                FaultKind::DelayUp(d) | FaultKind::DelayDown(d) | FaultKind::Split(d) | FaultKind::PubsubDelay(d) => d,
+                _ => 0,
+            })
+            .sum();
+        self.faults.iter().map(|f| f.from_ms + f.len_ms).max().unwrap_or(0) + backlog
     }
 }
 

@@ -261,7 +261,10 @@ impl RedisStore {
     }
 
     async fn acquire_inner(&self, req: AcquireRequest<'_>) -> Result<AcquireOutcome, StoreError> {
-        let found = if !req.will_wait && self.inner.plain_acquire {
+        // A caller that needs the record's lifetime (a replay cache, a waiter) takes the script,
+        // which reads it with the record: a `PTTL` sent behind a plain `SET NX GET` could read the
+        // record of the next holder if this one ended in between (a stall splitting the pipeline).
+        let found = if !req.will_wait && !req.report_ttl && self.inner.plain_acquire {
             self.acquire_plain(&req).await
         } else {
             self.acquire_script(&req).await
@@ -283,22 +286,21 @@ impl RedisStore {
         }
     }
 
-    /// Parameter mode, nobody waiting: `SET key <IN_PROGRESS> NX PX lease GET` takes an absent
-    /// key, and otherwise changes nothing and returns what the key holds (read here as the
-    /// acquire script would report it). A re-sent command finds this owner's own record.
+    /// Parameter mode, nobody waiting, no lifetime asked for: `SET key <IN_PROGRESS> NX PX lease
+    /// GET` takes an absent key, and otherwise changes nothing and returns what the key holds
+    /// (read here as the acquire script would report it). A re-sent command finds this owner's
+    /// own record.
     ///
-    /// Right behind it, on the same connection, go `TIME` (the fencing token: the server's
-    /// clock, read after the `SET` ran, so after any earlier holder's record was gone) and, when
-    /// the caller wants to know how long a record lives, `PTTL`. All of them are sent at once:
-    /// one round trip.
+    /// Right behind it, on the same connection, goes `TIME` (the fencing token: the server's
+    /// clock, read after the `SET` ran, so after any earlier holder's record was gone). Both are
+    /// sent at once: one round trip.
     async fn acquire_plain(&self, req: &AcquireRequest<'_>) -> Result<AcquireOutcome, StoreError> {
         let pending = record::pending(req.owner, req.fingerprint);
         let client = self.client_for(req.key);
         let record_key = self.record_key(req.key);
         // Boxed at once: fred's command futures are about 5 KB, and every layer holding one
         // inline would copy it. A fred command is sent when its future is first polled: `join!`
-        // polls them in this order, SET, TIME, PTTL, all before waiting for any reply.
-        let ttl = req.report_ttl.then(|| Box::pin(client.pttl::<i64, _>(record_key.as_str())));
+        // polls them in this order, SET, TIME, both before waiting for any reply.
         let set = Box::pin(client.set::<Value, _, _>(
             record_key.as_str(),
             pending,
@@ -308,28 +310,21 @@ impl RedisStore {
         ));
         let time = Box::pin(server_time(client, &record_key));
         let replies = within("acquire", self.inner.timeout, async {
-            let ttl = async {
-                match ttl {
-                    Some(ttl) => Some(ttl.await),
-                    None => None,
-                }
-            };
-            let (set, time, ttl) = tokio::join!(set, time, ttl);
-            let ttl = ttl.transpose().map_err(|e| store_error("acquire", e))?;
+            let (set, time) = tokio::join!(set, time);
             let set = match set {
                 // Not a string: the script names what it is.
                 Err(e) if e.details().starts_with("WRONGTYPE") => None,
                 other => Some(other.map_err(|e| store_error("acquire", e))?),
             };
-            Ok((set, time.map_err(|e| store_error("acquire", e))?, ttl))
+            Ok((set, time.map_err(|e| store_error("acquire", e))?))
         })
         .await?;
-        let (set, now_us, ttl) = replies;
+        let (set, now_us) = replies;
         Ok(match set {
             None => return self.acquire_script(req).await,
             Some(Value::Null) => AcquireOutcome::Acquired { fence: now_us },
-            Some(Value::String(s)) => record::found(s.as_bytes(), req.owner, now_us, ttl),
-            Some(Value::Bytes(b)) => record::found(&b, req.owner, now_us, ttl),
+            Some(Value::String(s)) => record::found(s.as_bytes(), req.owner, now_us, None),
+            Some(Value::Bytes(b)) => record::found(&b, req.owner, now_us, None),
             Some(other) => return Err(StoreError::reply("acquire", format_args!("unexpected reply {other:?}"))),
         })
     }
