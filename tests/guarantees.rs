@@ -53,8 +53,26 @@ fn holder_child() {
 /// Takes `key` on `idem` in a task of its own, which then does `action` with it: `release`
 /// gives it back at once, `commit` completes it with a 50 ms keep, `expire` holds it under a
 /// 150 ms lease without renewal until the task is aborted. Returns the task and the holder's
-/// fencing token.
+/// fencing token. A call whose body did not run (its acquire answered after its lease, during a
+/// stall of Redis: `LeaseLost`) is made again.
 async fn take_as(idem: &Idempotency, key: &str, action: &str) -> (tokio::task::JoinHandle<()>, u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (task, fence) = take_once(idem, key, action);
+        match tokio::time::timeout_at(deadline, fence).await {
+            Ok(Ok(fence)) => return (task, fence),
+            Ok(Err(_)) => tokio::time::sleep(ms(20)).await,
+            Err(_) => panic!("no fence within 10 s"),
+        }
+    }
+}
+
+/// One call of [`take_as`]: its task, and its fence once its body runs.
+fn take_once(
+    idem: &Idempotency,
+    key: &str,
+    action: &str,
+) -> (tokio::task::JoinHandle<()>, tokio::sync::oneshot::Receiver<u64>) {
     let (tx, rx) = tokio::sync::oneshot::channel();
     let report = move || {
         let _ = tx.send(CallContext::current().unwrap().fence());
@@ -86,7 +104,7 @@ async fn take_as(idem: &Idempotency, key: &str, action: &str) -> (tokio::task::J
             }
         };
     });
-    (task, tokio::time::timeout(Duration::from_secs(10), rx).await.expect("no fence").unwrap())
+    (task, rx)
 }
 
 /// The other process of [`holder_child`].

@@ -656,3 +656,73 @@ async fn the_attribute_runs_a_function_in_a_transaction() {
     let rows = effects(&pg, &schema).await;
     assert_eq!((rows.get("a"), rows.get("b")), (Some(&1), Some(&1)), "{rows:?}");
 }
+
+/// With `pool_size(1)`: the `LISTEN` connection does not take the only connection (calls work,
+/// a waiter is woken by the holder's commit and gets its value, the row is completed), and a
+/// transactional body holding that connection past its lease keeps the lease (renewals have
+/// connections of their own): a second caller is refused, never run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_full_of_bodies_starves_neither_notifications_nor_renewals() {
+    let url = tokio::task::block_in_place(shared_database);
+    let schema = unique_schema();
+    let store = effects_store(PgStore::builder(url).pool_size(1).timeout(Duration::from_millis(800)), &schema).await;
+    let idem = Idempotency::builder(store.clone()).replay_cache(100).build();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let body = |n: u32| {
+        let runs = runs.clone();
+        move || async move {
+            runs.fetch_add(1, SeqCst);
+            tokio::time::sleep(ms(300)).await;
+            R::Ok(n)
+        }
+    };
+    let holder = tokio::spawn({
+        let idem = idem.clone();
+        let body = body(1);
+        async move { idem.run(Call::new("listened"), body).await }
+    });
+    tokio::time::sleep(ms(100)).await;
+    let waited = idem.run(Call::new("listened").on_conflict(OnConflict::Wait(Duration::from_secs(5))), body(2)).await;
+    assert_eq!(holder.await.unwrap().unwrap(), 1);
+    assert_eq!(waited.unwrap(), 1, "the waiter did not get the holder's value");
+    assert_eq!(runs.load(SeqCst), 1);
+    match idem.inspect("", "listened").await.unwrap() {
+        Inspected::Record(view) => assert_eq!(view.state, RecordState::Completed),
+        other => panic!("{other:?}"),
+    }
+
+    // A transactional body on the only connection, for three leases.
+    let long = tokio::spawn({
+        let (store, idem, schema) = (store.clone(), idem.clone(), schema.clone());
+        async move {
+            store
+                .run_in_transaction(&idem, Call::new("held").ttl(ms(400)), |tx| {
+                    Box::pin(async move {
+                        insert_then(tx, &schema, async {
+                            tokio::time::sleep(ms(1200)).await;
+                            Ok(CallContext::current().unwrap().is_lease_lost())
+                        })
+                        .await
+                    })
+                })
+                .await
+        }
+    });
+    tokio::time::sleep(ms(200)).await;
+    let seconds = Arc::new(AtomicUsize::new(0));
+    while !long.is_finished() {
+        let s = seconds.clone();
+        // Refused (the key is held), timed out waiting for the pool's one connection, or, once
+        // the first is done, its value replayed: never run.
+        let _: R<bool> = idem
+            .run(Call::new("held"), || async move {
+                s.fetch_add(1, SeqCst);
+                Ok(true)
+            })
+            .await;
+        tokio::time::sleep(ms(100)).await;
+    }
+    let lost: R<bool> = long.await.unwrap();
+    assert!(!lost.unwrap(), "the transactional body's lease was lost: renewals starved");
+    assert_eq!(seconds.load(SeqCst), 0, "a second caller ran while the transactional body held the key");
+}

@@ -632,8 +632,15 @@ async fn bad_input_is_a_clear_message_and_an_exit_code() {
     let e = run_raw(args(&["--url", "http://admin:hunter2@127.0.0.1:6379", "list"])).await.expect(3);
     assert!(e.stderr.contains("http://admin:***@127.0.0.1:6379") && !e.stderr.contains("hunter2"), "{e:#?}");
 
-    // Nothing listens: exit 3 within the timeout (and a margin for starting the process).
+    // A password holding what would end a URL's authority, unencoded: masked whatever it holds.
     let port = support::free_port();
+    for password in ["hun/ter2", "hun?ter2", "hun#ter2", "hun@ter2", "hun:ter2"] {
+        let url = format!("redis://default:{password}@127.0.0.1:{port}");
+        let e = run_raw(args(&["--url", &url, "--timeout", "1s", "inspect", "k"])).await.expect(3);
+        assert!(!e.stderr.contains("ter2") && !e.stdout.contains("ter2"), "{password}: {e:#?}");
+    }
+
+    // Nothing listens: exit 3 within the timeout (and a margin for starting the process).
     let e = run_raw(args(&["--url", &format!("redis://127.0.0.1:{port}"), "--timeout", "1s", "inspect", "k"]))
         .await
         .expect(3);

@@ -36,6 +36,12 @@ pub const MAX_KEY_BYTES: usize = 1024;
 /// The shortest lease a call accepts: below it, renewals could not keep up.
 pub const MIN_LEASE: Duration = Duration::from_millis(10);
 
+/// The longest lease, `keep`, wait or token lifetime accepted (100 years of 365 days): far past
+/// any use, and short enough for every store's expiry arithmetic (Redis's `PX` after the
+/// server's clock, a monotonic instant plus it). A longer one is [`Error::InvalidCall`] before
+/// the body runs; the runtime's defaults are capped at it.
+pub const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
 /// What a call does when it finds its key completed.
 ///
 /// ```
@@ -273,6 +279,19 @@ impl Call {
                 reason: format!("the lease (ttl) is {lease:?}, under the {MIN_LEASE:?} minimum"),
             });
         }
+        let too_long = |what: &str, d: Duration| Error::InvalidCall {
+            key: full_key.to_owned(),
+            reason: format!("{what} is {d:?}, over the {MAX_DURATION:?} maximum (MAX_DURATION)"),
+        };
+        if lease > MAX_DURATION {
+            return Err(too_long("the lease (ttl)", lease));
+        }
+        if let Some(keep) = self.keep.filter(|k| *k > MAX_DURATION) {
+            return Err(too_long("keep", keep));
+        }
+        if let OnConflict::Wait(patience) = self.on_conflict {
+            check_patience(full_key, patience)?;
+        }
         match &self.fingerprint {
             None => Ok(None),
             Some(Ok(fp)) => Ok(Some(fp.clone())),
@@ -285,6 +304,17 @@ impl Call {
             }),
         }
     }
+}
+
+/// Checks a wait's patience against [`MAX_DURATION`].
+pub(crate) fn check_patience(full_key: &str, patience: Duration) -> Result<(), Error> {
+    if patience > MAX_DURATION {
+        return Err(Error::InvalidCall {
+            key: full_key.to_owned(),
+            reason: format!("the wait is {patience:?}, over the {MAX_DURATION:?} maximum (MAX_DURATION)"),
+        });
+    }
+    Ok(())
 }
 
 /// Checks a lock's key (`key` as given, `full_key` with its scope) and lease, as a call's.
@@ -312,5 +342,11 @@ mod tests {
         let long = "x".repeat(MAX_KEY_BYTES + 1);
         assert!(matches!(Call::new(&long).validate(&long, lease), Err(Error::InvalidKey { .. })));
         assert!(matches!(Call::new("k").validate("k", Duration::ZERO), Err(Error::InvalidCall { .. })));
+        let max = Duration::MAX;
+        assert!(matches!(Call::new("k").validate("k", max), Err(Error::InvalidCall { .. })));
+        assert!(matches!(Call::new("k").keep(max).validate("k", lease), Err(Error::InvalidCall { .. })));
+        let waits = Call::new("k").on_conflict(OnConflict::Wait(max));
+        assert!(matches!(waits.validate("k", lease), Err(Error::InvalidCall { .. })));
+        assert!(Call::new("k").keep(MAX_DURATION).validate("k", MAX_DURATION).is_ok());
     }
 }

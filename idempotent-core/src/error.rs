@@ -205,8 +205,12 @@ pub enum StoreErrorKind {
     Unavailable,
     /// The store did not answer within its time bound.
     Timeout,
-    /// The backend answered with an error (a script error, an out-of-memory refusal).
+    /// The backend answered with an error that may pass (an out-of-memory refusal, a server
+    /// loading its data or busy with a script).
     Backend,
+    /// The backend refused the command itself (an argument or script error, like Redis's
+    /// `ERR invalid expire time`): sending it again cannot succeed.
+    Refused,
     /// The backend's answer did not have the expected shape.
     Reply,
     /// The store's configuration is invalid (a bad URL, a prefix with braces, refused
@@ -227,6 +231,7 @@ impl fmt::Display for StoreErrorKind {
             StoreErrorKind::Unavailable => "unavailable",
             StoreErrorKind::Timeout => "timed out",
             StoreErrorKind::Backend => "backend error",
+            StoreErrorKind::Refused => "refused by the backend",
             StoreErrorKind::Reply => "unexpected reply",
             StoreErrorKind::Config => "configuration error",
             StoreErrorKind::Replication => "too few replicas",
@@ -246,6 +251,19 @@ pub struct StoreError {
 }
 
 impl StoreError {
+    /// Whether the same command may succeed if sent again: the store was unreachable, slow, or
+    /// answered with an error that passes (not a refused command, a bad configuration, an
+    /// unexpected reply, or replicas that did not acknowledge a write that is already done).
+    pub fn may_succeed_later(&self) -> bool {
+        matches!(
+            self.kind,
+            StoreErrorKind::Unavailable
+                | StoreErrorKind::Timeout
+                | StoreErrorKind::Backend
+                | StoreErrorKind::Serialization
+        )
+    }
+
     /// A store error of `kind` with a message.
     pub fn new(kind: StoreErrorKind, message: impl Into<String>) -> Self {
         StoreError { kind, message: message.into(), source: None }

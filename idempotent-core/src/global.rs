@@ -74,6 +74,20 @@ impl Global {
         }
     }
 
+    /// [`Idempotency::run_to_completion`] on the global runtime.
+    pub async fn run_to_completion<T, E, F, Fut>(self, call: Call, body: F) -> Result<T, E>
+    where
+        T: Serialize + DeserializeOwned + Send + 'static,
+        E: From<Error> + Send + 'static,
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T, E>> + Send + 'static,
+    {
+        match GLOBAL.get() {
+            Some(idempotency) => idempotency.run_to_completion(call, body).await,
+            None => Err(Error::NotConfigured { key: call.full_key() }.into()),
+        }
+    }
+
     /// [`Idempotency::issue_token`] on the global runtime.
     pub fn issue_token(self, ttl: Duration) -> Result<String, Error> {
         match GLOBAL.get() {

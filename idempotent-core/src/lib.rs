@@ -54,7 +54,7 @@ mod watchdog;
 #[cfg(feature = "axum")]
 pub mod web;
 
-pub use call::{Call, Mode, OnConflict, OnDuplicate, MAX_KEY_BYTES, MIN_LEASE};
+pub use call::{Call, Mode, OnConflict, OnDuplicate, MAX_DURATION, MAX_KEY_BYTES, MIN_LEASE};
 pub use codec::MAX_FINGERPRINT_BYTES;
 pub use context::CallContext;
 pub use duration::parse_duration;

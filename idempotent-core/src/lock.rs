@@ -62,6 +62,9 @@ impl<'a> LockRequest<'a> {
         let key = format!("{}:{}", self.scope, self.key);
         let lease = self.ttl.unwrap_or_else(|| self.idem.default_ttl());
         crate::call::check_lock_key(&key, &self.key, lease)?;
+        if let OnConflict::Wait(patience) = on_conflict {
+            crate::call::check_patience(&key, patience)?;
+        }
         let owner = ids::owner_id();
         let mut track = Track::default();
         match self.idem.take(&key, owner, lease, None, on_conflict, &mut track).await? {

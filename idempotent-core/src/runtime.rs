@@ -93,6 +93,27 @@ struct Inner {
     max_waiters_per_key: usize,
     /// How far apart the clocks of the machines issuing and checking tokens may be.
     token_skew: Duration,
+    /// The time tokens are issued and checked by.
+    token_clock: TokenClock,
+}
+
+/// The time tokens are issued and checked by: the system's clock, or, if it is behind, the time
+/// the runtime's monotonic clock (tokio's) has counted since the runtime was built. Records
+/// expire by the monotonic clock; a token must never be valid while its record has expired, also
+/// under tokio's paused clock in a user's tests (where the system's clock does not follow it).
+struct TokenClock {
+    system: std::time::SystemTime,
+    monotonic: Instant,
+}
+
+impl TokenClock {
+    fn new() -> Self {
+        TokenClock { system: std::time::SystemTime::now(), monotonic: Instant::now() }
+    }
+
+    fn now(&self) -> std::time::SystemTime {
+        std::time::SystemTime::now().max(self.system + self.monotonic.elapsed())
+    }
 }
 
 /// Configures an [`Idempotency`].
@@ -104,13 +125,13 @@ pub struct IdempotencyBuilder {
 impl IdempotencyBuilder {
     /// The lease of calls that set none (default 30 s).
     pub fn default_ttl(mut self, ttl: Duration) -> Self {
-        self.inner.ttl = ttl;
+        self.inner.ttl = ttl.min(crate::MAX_DURATION);
         self
     }
 
     /// How long completed results are kept when a call sets nothing (default 24 h).
     pub fn default_keep(mut self, keep: Duration) -> Self {
-        self.inner.keep = keep;
+        self.inner.keep = keep.min(crate::MAX_DURATION);
         self
     }
 
@@ -133,7 +154,7 @@ impl IdempotencyBuilder {
     /// notification normally wakes it first; this bounds the delay if one was missed (the
     /// pub/sub connection reconnecting, say).
     pub fn wait_recheck(mut self, every: Duration) -> Self {
-        self.inner.wait_recheck = every.max(Duration::from_millis(1));
+        self.inner.wait_recheck = every.clamp(Duration::from_millis(1), crate::MAX_DURATION);
         self
     }
 
@@ -147,7 +168,7 @@ impl IdempotencyBuilder {
     /// record lands it replays it, and if the lease runs out first the key is free and a duplicate
     /// runs the body again.
     pub fn commit_deadline(mut self, deadline: Duration) -> Self {
-        self.inner.commit_deadline = deadline;
+        self.inner.commit_deadline = deadline.min(crate::MAX_DURATION);
         self
     }
 
@@ -164,7 +185,7 @@ impl IdempotencyBuilder {
     /// expiry, so that a machine whose clock is behind never finds the token valid and its
     /// record gone.
     pub fn token_skew(mut self, skew: Duration) -> Self {
-        self.inner.token_skew = skew;
+        self.inner.token_skew = skew.min(crate::MAX_DURATION);
         self
     }
 
@@ -255,6 +276,7 @@ impl Idempotency {
                 waiting: Default::default(),
                 max_waiters_per_key: DEFAULT_MAX_WAITERS_PER_KEY,
                 token_skew: Duration::from_secs(300),
+                token_clock: TokenClock::new(),
             },
         }
     }
@@ -367,14 +389,20 @@ impl Idempotency {
                 reason: format!("a token's lifetime of {ttl:?} is too short"),
             });
         }
-        self.inner.token_keys.issue(scope, ttl, std::time::SystemTime::now())
+        if ttl > crate::MAX_DURATION {
+            return Err(Error::InvalidCall {
+                key: scope.to_owned(),
+                reason: format!("a token's lifetime of {ttl:?} is over the {:?} maximum", crate::MAX_DURATION),
+            });
+        }
+        self.inner.token_keys.issue(scope, ttl, self.inner.token_clock.now())
     }
 
     /// Checks a token-mode call's token (no store command) and puts the part of it that names
     /// its record in its place; when the token expires.
     fn verify_token(&self, call: &mut Call) -> Result<std::time::SystemTime, Error> {
         let scope = call.token_scope();
-        match self.inner.token_keys.verify(scope, call.key(), std::time::SystemTime::now()) {
+        match self.inner.token_keys.verify(scope, call.key(), self.inner.token_clock.now()) {
             Ok(verified) => {
                 call.set_key(verified.id);
                 Ok(verified.expires)
@@ -450,6 +478,55 @@ impl Idempotency {
         Fut: Future<Output = Result<T, E>>,
     {
         self.run_with_outcome(call, body).await.map(|(value, _)| value)
+    }
+
+    /// Runs `body` like [`run`](Self::run), in a task of its own, so that dropping the call (an
+    /// HTTP client that goes away and takes the request's future with it, an outer timeout, a
+    /// `select!`) does not cancel it: once started, the call runs to its end and its result is
+    /// stored, and a retry meanwhile finds the key in progress, after it the result. With `run`,
+    /// a dropped call releases the key and a retry runs the body again. The body and its value
+    /// must be `Send + 'static` to move to the task; a panic of the body reaches the caller as
+    /// with `run`. The attribute's `on_cancel = finish`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::time::Duration;
+    /// use idempotency::{Call, Error, Idempotency, MemoryStore};
+    ///
+    /// let idem = Idempotency::new(MemoryStore::new());
+    /// let slow = idem.run_to_completion(Call::new("charge:1"), || async {
+    ///     tokio::time::sleep(Duration::from_millis(50)).await;
+    ///     Ok::<_, Error>(7)
+    /// });
+    /// // The caller gives up after 10 ms; the charge goes on and is stored.
+    /// assert!(tokio::time::timeout(Duration::from_millis(10), slow).await.is_err());
+    /// tokio::time::sleep(Duration::from_millis(100)).await;
+    /// let again = idem.run(Call::new("charge:1"), || async { Ok::<_, Error>(8) }).await;
+    /// assert_eq!(again.unwrap(), 7);
+    /// # }
+    /// ```
+    pub async fn run_to_completion<T, E, F, Fut>(&self, call: Call, body: F) -> Result<T, E>
+    where
+        T: Serialize + DeserializeOwned + Send + 'static,
+        E: From<Error> + Send + 'static,
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T, E>> + Send + 'static,
+    {
+        let key = call.full_key();
+        let idem = self.clone();
+        let task = tokio::spawn(tracing::Instrument::in_current_span(async move { idem.run(call, body).await }));
+        match task.await {
+            Ok(out) => out,
+            Err(e) if e.is_panic() => resume_unwind(e.into_panic()),
+            // The task's runtime shut down under it.
+            Err(_) => Err(E::from(Error::Store {
+                key,
+                source: StoreError::new(
+                    StoreErrorKind::Unavailable,
+                    "the call's task was cancelled: its runtime shut down",
+                ),
+            })),
+        }
     }
 
     /// Runs `body` like [`run`](Self::run), and says what happened: whether the value was
@@ -963,7 +1040,7 @@ impl Idempotency {
         let generation = self.inner.cache_generation();
         let sent = Instant::now();
         let first = match self.inner.store.commit(request).await {
-            Err(e) if e.kind() != StoreErrorKind::Replication => e,
+            Err(e) if e.may_succeed_later() => e,
             outcome => return self.inner.committed(&request, outcome, sent, generation),
         };
         tracing::warn!(key = %telemetry::logged_key(key), error = %first, "idempotency commit failed; retrying");
@@ -1004,8 +1081,8 @@ impl Idempotency {
             // A used token stays used until it expires, whatever `keep` says: its record lives
             // until then, plus the clock skew allowed between machines.
             Some(expires) => {
-                let left = expires.duration_since(std::time::SystemTime::now()).unwrap_or_default();
-                keep.max(left + self.inner.token_skew)
+                let left = expires.duration_since(self.inner.token_clock.now()).unwrap_or_default();
+                keep.max(left.saturating_add(self.inner.token_skew)).min(crate::MAX_DURATION)
             }
             None => keep,
         }
@@ -1172,7 +1249,7 @@ impl Inner {
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(1));
             match self.store.commit(request).await {
-                Err(e) if e.kind() != StoreErrorKind::Replication => {
+                Err(e) if e.may_succeed_later() => {
                     if attempt >= 3 && Instant::now() + backoff >= until {
                         // The body ran: its caller gets its value; a duplicate may run it again.
                         tracing::warn!(key = %telemetry::logged_key(&pending.key), error = %e, attempt, "idempotency result not stored: the store failed until the lease ran out");

@@ -243,13 +243,53 @@ impl Watchdog {
 /// so the next registration starts a new loop. A loop that ends idle clears the flag itself,
 /// under the same lock that saw no leases: a registration in between would otherwise find the
 /// flag still set, start no loop, and its lease would never be renewed.
+///
+/// Leases still registered then were registered from other runtimes (one `Idempotency` serves
+/// several: a global runtime used from several test runtimes, a blocking pool with its own): a
+/// loop of the watchdog's own, on a thread of its own, takes them over until none is left. If
+/// it cannot be started, they are marked lost: a lease is never left unrenewed and untold.
 struct Running(Option<Weak<Shared>>);
 
 impl Drop for Running {
     fn drop(&mut self) {
-        if let Some(shared) = self.0.take().and_then(|w| w.upgrade()) {
-            stopped(&mut shared.lock());
+        let Some(weak) = self.0.take() else { return };
+        let Some(shared) = weak.upgrade() else { return };
+        let orphaned = {
+            let mut reg = shared.lock();
+            stopped(&mut reg);
+            // Renewals in flight were dropped with the loop: due again.
+            reg.leases.iter_mut().for_each(|(_, e)| e.inflight = false);
+            let orphaned = !reg.leases.is_empty();
+            reg.running = orphaned;
+            orphaned
+        };
+        if orphaned {
+            adopt(weak);
         }
+    }
+}
+
+/// Runs the renewal loop on a thread of the watchdog's own (see [`Running`]).
+fn adopt(weak: Weak<Shared>) {
+    let loop_weak = weak.clone();
+    let started = std::thread::Builder::new().name("idempotency-watchdog".into()).spawn(move || {
+        match tokio::runtime::Builder::new_current_thread().enable_time().build() {
+            Ok(rt) => rt.block_on(renewal_loop(loop_weak)),
+            Err(_) => lose_all(&loop_weak),
+        }
+    });
+    if started.is_err() {
+        lose_all(&weak);
+    }
+}
+
+/// Marks every registered lease lost: nothing can renew them.
+fn lose_all(weak: &Weak<Shared>) {
+    let Some(shared) = weak.upgrade() else { return };
+    let mut reg = shared.lock();
+    stopped(&mut reg);
+    for (_, e) in reg.leases.iter_mut().filter(|(_, e)| !e.lost) {
+        e.mark_lost("the watchdog's renewal loop could not run");
     }
 }
 

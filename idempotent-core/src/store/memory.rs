@@ -3,6 +3,7 @@
 
 use std::hash::BuildHasher;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use foldhash::fast::RandomState;
 use hashbrown::HashTable;
@@ -156,6 +157,12 @@ fn view(key: &str, record: &Record, now: Instant) -> RecordView {
     }
 }
 
+/// `now + d`, never past what an instant can hold (calls cap their durations at
+/// `MAX_DURATION`; a store used directly may be handed any).
+fn after(now: Instant, d: Duration) -> Instant {
+    now.checked_add(d).unwrap_or_else(|| now + crate::MAX_DURATION)
+}
+
 fn unix_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
@@ -214,7 +221,7 @@ impl MemoryStore {
                     fence,
                     result: None,
                     stored_ms: 0,
-                    expires_at: now + req.lease,
+                    expires_at: after(now, req.lease),
                     watched: false,
                 },
             );
@@ -250,7 +257,7 @@ impl MemoryStore {
                 let hash = st.records.hash(l.key);
                 match st.records.live(hash, l.key, now).map(|e| &mut e.record) {
                     Some(rec) if held_by(rec, l.owner) => {
-                        rec.expires_at = now + l.lease;
+                        rec.expires_at = after(now, l.lease);
                         true
                     }
                     _ => false,
@@ -272,14 +279,14 @@ impl MemoryStore {
                 fence: req.fence,
                 result: req.result.map(Box::from),
                 stored_ms: unix_ms(),
-                expires_at: now + req.keep,
+                expires_at: after(now, req.keep),
                 watched: false,
             };
             let watched = match st.records.live(hash, req.key, now) {
                 None => {
                     if !req.keep.is_zero() {
                         st.records.insert(hash, req.key, completed());
-                        st.expiries.after(hash, req.keep, now + req.keep);
+                        st.expiries.after(hash, req.keep, after(now, req.keep));
                     }
                     false
                 }
@@ -295,7 +302,7 @@ impl MemoryStore {
                     } else {
                         // Completed in place: the record keeps its key.
                         entry.record = completed();
-                        st.expiries.after(hash, req.keep, now + req.keep);
+                        st.expiries.after(hash, req.keep, after(now, req.keep));
                     }
                     watched
                 }

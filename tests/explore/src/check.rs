@@ -484,3 +484,181 @@ pub fn check(events: &[(Micros, Event)]) -> Report {
     report.exceptions = exceptions;
     report
 }
+
+#[cfg(test)]
+mod tests {
+    //! A hand-written history for each invariant that breaks it, and the checker reports it.
+
+    use super::*;
+
+    const MS: Micros = 1000;
+
+    /// Builds a history in time order.
+    #[derive(Default)]
+    struct H(Vec<(Micros, Event)>, u64);
+
+    impl H {
+        fn at(mut self, t: Micros, e: Event) -> Self {
+            self.0.push((t, e));
+            self
+        }
+        fn invoke(self, t: Micros, call: CallId, keep_ms: u64) -> Self {
+            self.at(
+                t,
+                Event::Invoke {
+                    call,
+                    proc: call % 2,
+                    key: "k".into(),
+                    keep: Duration::from_millis(keep_ms),
+                    lock: false,
+                    abort: false,
+                    bound: Duration::from_millis(500),
+                    probe: false,
+                },
+            )
+        }
+        fn op(mut self, t: Micros, answered: Micros, call: CallId, kind: OpKind, result: OpResult) -> Self {
+            let id = self.1;
+            self.1 += 1;
+            let owner = format!("o{call}");
+            self.0.push((t, Event::OpSent { proc: 9, id, kind, key: "k".into(), owner }));
+            self.0.push((answered, Event::OpAnswered { proc: 9, id, result }));
+            self
+        }
+        fn body(self, start: Micros, end: Micros, call: CallId, fence: u64) -> Self {
+            let owner = format!("o{call}");
+            self.at(start, Event::BodyStart { call, owner, fence, lost: false })
+                .at(end, Event::BodyEnd { call, end: BodyEnd::Ok(format!("v{call}")) })
+        }
+        fn ret(self, t: Micros, call: CallId, returned: Returned) -> Self {
+            self.at(t, Event::Return { call, returned })
+        }
+        /// A whole successful call: acquire, body, commit confirmed, value returned.
+        fn ran(self, t: Micros, call: CallId, fence: u64, body_ms: Micros, keep_ms: u64) -> Self {
+            let end = t + body_ms * MS;
+            self.invoke(t, call, keep_ms)
+                .op(t, t, call, OpKind::Acquire, OpResult::Acquired { fence })
+                .body(t, end, call, fence)
+                .op(end, end, call, OpKind::Commit, OpResult::Done)
+                .ret(
+                    end,
+                    call,
+                    Returned::Ok { value: format!("v{call}"), replayed: false, cached: false, stored: true },
+                )
+        }
+        fn check(mut self) -> Vec<&'static str> {
+            self.0.sort_by_key(|(t, _)| *t);
+            let mut found: Vec<&'static str> = check(&self.0).violations.iter().map(|v| v.invariant).collect();
+            found.dedup();
+            found
+        }
+    }
+
+    fn replayed(value: &str, cached: bool) -> Returned {
+        Returned::Ok { value: value.into(), replayed: true, cached, stored: true }
+    }
+
+    #[test]
+    fn a_clean_history_holds() {
+        let h = H::default().ran(0, 0, 1, 10, 0).ran(20 * MS, 1, 2, 10, 1000);
+        assert_eq!(h.check(), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn i1_two_bodies_at_once() {
+        let h = H::default().ran(0, 0, 1, 100, 0).ran(50 * MS, 1, 2, 100, 0);
+        assert!(h.check().contains(&"I1"));
+    }
+
+    #[test]
+    fn i1_told_before_the_other_started_is_fine_but_not_polled_after_with_abort() {
+        let told =
+            H::default().ran(0, 0, 1, 100, 0).at(40 * MS, Event::Told { call: 0, which: 0 }).ran(50 * MS, 1, 2, 10, 0);
+        assert_eq!(told.check(), Vec::<&str>::new());
+        let mut aborting = H::default()
+            .ran(0, 0, 1, 100, 0)
+            .at(40 * MS, Event::Told { call: 0, which: 0 })
+            .at(60 * MS, Event::Effect { call: 0, lost: true });
+        if let Event::Invoke { abort, .. } = &mut aborting.0[0].1 {
+            *abort = true;
+        }
+        assert_eq!(aborting.check(), vec!["I1"]);
+        let waiters = H::default().ran(0, 0, 1, 10, 0).at(5 * MS, Event::LockLost { call: 0, woken: 1 });
+        assert_eq!(waiters.check(), vec!["I1"]);
+    }
+
+    #[test]
+    fn i2_a_second_success_while_the_record_is_kept() {
+        let h = H::default().ran(0, 0, 1, 10, 1000).ran(500 * MS, 1, 2, 10, 1000);
+        assert!(h.check().contains(&"I2"));
+        let after_keep = H::default().ran(0, 0, 1, 10, 100).ran(500 * MS, 1, 2, 10, 1000);
+        assert_eq!(after_keep.check(), Vec::<&str>::new());
+        let purged = H::default()
+            .ran(0, 0, 1, 10, 1000)
+            .at(300 * MS, Event::Purge { key: "k".into(), force: false, sent: 290 * MS, deleted: true })
+            .ran(500 * MS, 1, 2, 10, 1000);
+        assert_eq!(purged.check(), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn i3_a_replay_of_an_ended_record() {
+        // Another execution took the key after the record, then a cached replay of the old one.
+        let h = H::default().ran(0, 0, 1, 10, 100).ran(200 * MS, 2, 2, 10, 1000).invoke(300 * MS, 4, 0).ret(
+            300 * MS,
+            4,
+            replayed("v0", true),
+        );
+        assert_eq!(h.check(), vec!["I3"]);
+        let unknown = H::default().invoke(0, 4, 0).ret(0, 4, replayed("v9", false));
+        assert_eq!(unknown.check(), vec!["I3"]);
+        // A purge whose broadcast reached the process before the cached answer.
+        let purged = H::default()
+            .ran(0, 0, 1, 10, 1000)
+            .at(100 * MS, Event::Purge { key: "k".into(), force: false, sent: 100 * MS, deleted: true })
+            .at(150 * MS, Event::PurgeDelivered { proc: 0, key: "k".into() })
+            .invoke(200 * MS, 4, 0)
+            .ret(200 * MS, 4, replayed("v0", true));
+        assert_eq!(purged.check(), vec!["I3"]);
+    }
+
+    #[test]
+    fn i4_a_smaller_fence_after_a_holder() {
+        let h = H::default().ran(0, 0, 5, 10, 0).ran(100 * MS, 1, 3, 10, 0);
+        assert_eq!(h.check(), vec!["I4"]);
+    }
+
+    #[test]
+    fn i5_a_stuck_key() {
+        let mut h = H::default().invoke(0, 0, 0).ret(MS, 0, Returned::Err("Conflict".into()));
+        if let Event::Invoke { probe, .. } = &mut h.0[0].1 {
+            *probe = true;
+        }
+        assert_eq!(h.check(), vec!["I5"]);
+    }
+
+    #[test]
+    fn i6_an_unbounded_call() {
+        let h = H::default().invoke(0, 0, 0).ret(900 * MS, 0, Returned::Err("Timeout".into()));
+        assert_eq!(h.check(), vec!["I6"]);
+        let never = H::default().invoke(0, 0, 0);
+        assert_eq!(never.check(), vec!["I6"]);
+    }
+
+    #[test]
+    fn i7_an_ok_lost_silently() {
+        let h = H::default()
+            .invoke(0, 0, 1000)
+            .op(0, 0, 0, OpKind::Acquire, OpResult::Acquired { fence: 1 })
+            .body(0, 10 * MS, 0, 1)
+            .op(10 * MS, 20 * MS, 0, OpKind::Commit, OpResult::Lost)
+            .ret(20 * MS, 0, Returned::Ok { value: "v0".into(), replayed: false, cached: false, stored: true });
+        assert_eq!(h.check(), vec!["I7"]);
+        let told = H::default()
+            .invoke(0, 0, 1000)
+            .op(0, 0, 0, OpKind::Acquire, OpResult::Acquired { fence: 1 })
+            .body(0, 10 * MS, 0, 1)
+            .op(10 * MS, 20 * MS, 0, OpKind::Commit, OpResult::Lost)
+            .ret(20 * MS, 0, Returned::Ok { value: "v0".into(), replayed: false, cached: false, stored: false });
+        assert_eq!(told.check(), Vec::<&str>::new());
+    }
+}

@@ -59,8 +59,18 @@ pub struct PgStore {
     inner: Arc<Inner>,
 }
 
+/// Connections of the store's own for renewals and releases, beside the pool (see `Inner`).
+const CONTROL_CONNECTIONS: u32 = 2;
+
 struct Inner {
+    /// Acquires, commits, operators' reads, transactional bodies.
     pool: PgPool,
+    /// Renewals and releases, on connections of their own: bodies (a transactional one holds a
+    /// connection of `pool` for as long as it runs) can fill `pool`, and a lease must still be
+    /// renewed and a key still given back.
+    control: PgPool,
+    /// The `LISTEN` connection, on a pool of its own: it holds its connection for good.
+    listen_pool: PgPool,
     sql: Statements,
     /// `"schema"."table"`.
     table: String,
@@ -180,6 +190,8 @@ impl PgStore {
     /// Closes the store's connections.
     pub async fn close(&self) {
         self.inner.pool.close().await;
+        self.inner.control.close().await;
+        self.inner.listen_pool.close().await;
     }
 
     /// Runs `statement` with the store's client-side bound; `op` names it in errors.
@@ -265,7 +277,7 @@ impl PgStore {
         let owners: Vec<&str> = leases.iter().map(|l| l.owner).collect();
         let ms: Vec<i64> = leases.iter().map(|l| millis(l.lease)).collect();
         let query = sqlx::query(&self.inner.sql.renew).bind(&keys).bind(owners).bind(ms);
-        let rows = self.bounded("renew", query.fetch_all(&self.inner.pool)).await?;
+        let rows = self.bounded("renew", query.fetch_all(&self.inner.control)).await?;
         let mut held = std::collections::HashSet::with_capacity(rows.len());
         for row in &rows {
             let key: &str = row.try_get(0).map_err(|e| pg_error("renew", e))?;
@@ -297,7 +309,7 @@ impl PgStore {
     /// Deletes `owner`'s row at `key` (release, or a commit with nothing to keep).
     async fn remove(&self, op: &str, key: &str, owner: &str) -> Result<Removed, StoreError> {
         let query = sqlx::query(&self.inner.sql.remove).bind(stored(key)).bind(owner);
-        let row = self.bounded(op, query.fetch_one(&self.inner.pool)).await?;
+        let row = self.bounded(op, query.fetch_one(&self.inner.control)).await?;
         let get = |name: &str| row.try_get::<bool, _>(name).map_err(|e| pg_error(op, e));
         Ok(if get("released")? {
             Removed::Ours
@@ -355,7 +367,7 @@ impl PgStore {
             .listener
             .get_or_init(|| async {
                 listen::Listener::start(
-                    self.inner.pool.clone(),
+                    self.inner.listen_pool.clone(),
                     self.inner.sql.watch_channel.clone(),
                     self.inner.sql.purge_channel.clone(),
                     self.inner.timeout,
@@ -654,6 +666,9 @@ pub(crate) fn pg_error(op: &str, e: sqlx::Error) -> StoreError {
                 return StoreError::new(StoreErrorKind::Config, message).with_source(e);
             }
             c if c.starts_with("28") => StoreErrorKind::Config,
+            // Data exceptions (a value out of range, an interval too long) and syntax errors:
+            // the statement can never succeed as sent.
+            c if c.starts_with("22") || c.starts_with("42") => StoreErrorKind::Refused,
             _ => StoreErrorKind::Backend,
         },
         E::Io(_) | E::Tls(_) | E::PoolClosed | E::WorkerCrashed => StoreErrorKind::Unavailable,
@@ -746,8 +761,11 @@ impl PgStoreBuilder {
         self
     }
 
-    /// The most connections the store's pool opens (default 10); a transactional body holds one
-    /// for its transaction.
+    /// The most connections the store's pool opens (default 10, at least 1); a transactional body
+    /// holds one for its transaction. Besides the pool, the store keeps connections of its own
+    /// that bodies never take: two for renewals and releases, one for `LISTEN` (waiters and
+    /// replay caches), so that a pool full of running bodies never starves a lease's renewal, a
+    /// release, or the commit of a caller whose waiters are woken by notification.
     pub fn pool_size(mut self, size: u32) -> Self {
         self.pool_size = size.max(1);
         self
@@ -796,13 +814,17 @@ impl PgStoreBuilder {
             .map_err(named)?
             .application_name(&self.application_name)
             .options([("statement_timeout", millis(self.timeout).to_string())]);
-        let pool: PgPool = PoolOptions::<Postgres>::new()
-            .max_connections(self.pool_size)
-            .min_connections(0)
-            // Below the call's own bound, so that a database that cannot be reached is reported
-            // as such rather than as a timeout.
-            .acquire_timeout(self.timeout.mul_f64(0.8))
-            .connect_lazy_with(options);
+        let side = |connections: u32| {
+            PoolOptions::<Postgres>::new()
+                .max_connections(connections)
+                .min_connections(0)
+                // Below the call's own bound, so that a database that cannot be reached is
+                // reported as such rather than as a timeout.
+                .acquire_timeout(self.timeout.mul_f64(0.8))
+        };
+        let pool: PgPool = side(self.pool_size).connect_lazy_with(options.clone());
+        let control: PgPool = side(CONTROL_CONNECTIONS).connect_lazy_with(options.clone());
+        let listen_pool: PgPool = side(1).max_lifetime(None).idle_timeout(None).connect_lazy_with(options);
         let sql = Statements::new(&self.schema, &self.table);
         let table = format!("\"{}\".\"{}\"", self.schema, self.table);
         let ready = async {
@@ -827,6 +849,8 @@ impl PgStoreBuilder {
         };
         let inner = Arc::new_cyclic(|weak| Inner {
             pool,
+            control,
+            listen_pool,
             sql,
             table,
             timeout: self.timeout,

@@ -1048,6 +1048,9 @@ pub(crate) fn store_error(op: &str, e: Error) -> StoreError {
         // ended (the supervisor starts it again). Its fate is unknown, as with a dropped
         // connection.
         ErrorKind::Unknown if e.details() == "channel closed" => StoreErrorKind::Unavailable,
+        // `ERR ...`: an argument or script error (Redis's other prefixes, OOM, BUSY, LOADING,
+        // READONLY, TRYAGAIN, pass).
+        _ if e.details().starts_with("ERR") => StoreErrorKind::Refused,
         _ => StoreErrorKind::Backend,
     };
     StoreError::new(kind, format!("{op}: {}", e.details())).with_source(e)

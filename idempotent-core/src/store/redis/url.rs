@@ -62,29 +62,35 @@ pub(crate) fn parse(url: &str) -> Result<StoreUrl, StoreError> {
 }
 
 /// `url` with the password in its user info (`scheme://user:password@host`) replaced by `***`,
-/// and `sentinelPassword=...` too; anything that does not parse is cut at its user info.
+/// and `sentinelPassword=...` too; anything that does not parse is cut at its user info. The user
+/// info runs from `://` to the last `@`: a password may hold `/`, `?`, `#`, `@` or `:` unencoded
+/// (base64 secrets have `/`), and when it holds any of the first three, everything between `://`
+/// and the last `@` is masked, the user name too.
 pub(crate) fn masked(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return if url.contains('@') { "<a URL with credentials>".to_owned() } else { url.to_owned() };
     };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    let authority = match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _password)) => format!("{user}:***@{host}"),
-            None => format!("{userinfo}@{host}"),
-        },
-        None => authority.to_owned(),
+    let (userinfo, after) = match rest.rfind('@') {
+        Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
+        None => (None, rest),
     };
-    let tail = match tail.find("sentinelPassword=") {
+    let userinfo = match userinfo {
+        None => String::new(),
+        Some(info) if info.contains(['/', '?', '#']) => "***@".to_owned(),
+        Some(info) => match info.split_once(':') {
+            Some((user, _password)) => format!("{user}:***@"),
+            None => format!("{info}@"),
+        },
+    };
+    let tail = match after.find("sentinelPassword=") {
         Some(at) => {
             let value = at + "sentinelPassword=".len();
-            let end = tail[value..].find('&').map_or(tail.len(), |e| value + e);
-            format!("{}***{}", &tail[..value], &tail[end..])
+            let end = after[value..].find('&').map_or(after.len(), |e| value + e);
+            format!("{}***{}", &after[..value], &after[end..])
         }
-        None => tail.to_owned(),
+        None => after.to_owned(),
     };
-    format!("{scheme}://{authority}{tail}")
+    format!("{scheme}://{userinfo}{tail}")
 }
 
 /// `message` with every password of `url` in it replaced by `***`.
@@ -101,6 +107,17 @@ pub(crate) fn scrub(message: &str, url: &str) -> String {
 /// The passwords a URL carries (user info, `sentinelPassword`), as written and decoded.
 fn secrets(url: &str) -> Vec<String> {
     let mut found = Vec::new();
+    // As written, whatever it holds: from the first `:` after `://` (or `://` itself) to the last
+    // `@`, so that a password that keeps the URL from parsing is scrubbed too.
+    if let Some((_, rest)) = url.split_once("://") {
+        if let Some(at) = rest.rfind('@') {
+            let info = &rest[..at];
+            found.push(info.split_once(':').map_or(info, |(_, password)| password).to_owned());
+            if info.contains(['/', '?', '#']) {
+                found.push(info.to_owned());
+            }
+        }
+    }
     if let Ok(parsed) = url::Url::parse(url) {
         if let Some(password) = parsed.password() {
             found.push(password.to_owned());
@@ -153,6 +170,16 @@ mod tests {
             "redis-sentinel://a:***@h:26379?sentinelServiceName=m&sentinelPassword=***&node=h2:1"
         );
         assert_eq!(masked("user:pw@host"), "<a URL with credentials>");
+        // Passwords holding what would end a URL's authority, unencoded.
+        for password in ["hun/ter2", "hun?ter2", "hun#ter2", "hun@ter2", "hun:ter2", "a/b?c#d@e:f"] {
+            let url = format!("redis://default:{password}@127.0.0.1:48469/0");
+            let shown = masked(&url);
+            assert!(!shown.contains("ter2") && !shown.contains("hun"), "{password}: {shown}");
+            assert!(shown.ends_with("@127.0.0.1:48469/0"), "{password}: {shown}");
+            let e = parse(&url).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(!e.contains("ter2"), "{password}: {e}");
+            assert!(!scrub(&format!("failed: {url}"), &url).contains("ter2"), "{password}");
+        }
         assert_eq!(
             scrub("auth failed for s3cret and s%40cret", "redis://u:s%40cret@h"),
             "auth failed for s3cret and ***"

@@ -54,17 +54,27 @@ impl Purges {
     /// Checks that the purge channel's messages reach this process: publishes a message of its
     /// own on it and waits for it to come back. fred 10 sends SUBSCRIBE without waiting for its
     /// answer, so a refused subscription (a user without `+subscribe` or the channel) looks like
-    /// a good one, and a replay cache would replay results that other processes forgot.
+    /// a good one, and a replay cache would replay results that other processes forgot. For the
+    /// same reason a message published right after SUBSCRIBE may reach the server before it and
+    /// be lost: the message is published again, more slowly each time, until one comes back or
+    /// the bound is over.
     async fn check_delivery(&self) -> Result<(), StoreError> {
         let probe = format!("{}:probe:{}", self.channel, crate::ids::owner_id().as_str());
-        let (tx, rx) = oneshot::channel();
+        let (tx, mut rx) = oneshot::channel();
         self.probes.lock().unwrap_or_else(|p| p.into_inner()).push((probe.clone(), tx));
-        let published: Result<Value, Error> = self.publisher.publish(self.channel.as_str(), probe.as_str()).await;
-        let delivered = match published {
-            Ok(_) => matches!(tokio::time::timeout(self.bound, rx).await, Ok(Ok(()))),
-            Err(e) => {
+        let deadline = tokio::time::Instant::now() + self.bound;
+        let mut pause = Duration::from_millis(10);
+        let delivered = loop {
+            let published: Result<Value, Error> = self.publisher.publish(self.channel.as_str(), probe.as_str()).await;
+            if let Err(e) = published {
                 self.probes.lock().unwrap_or_else(|p| p.into_inner()).retain(|(p, _)| *p != probe);
                 return Err(super::store_error("publish", e));
+            }
+            let until = deadline.min(tokio::time::Instant::now() + pause);
+            match tokio::time::timeout_at(until, &mut rx).await {
+                Ok(answer) => break answer.is_ok(),
+                Err(_) if tokio::time::Instant::now() >= deadline => break false,
+                Err(_) => pause = (pause * 2).min(Duration::from_millis(200)),
             }
         };
         if delivered {
