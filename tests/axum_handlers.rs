@@ -97,3 +97,53 @@ async fn an_idempotent_axum_handler_runs_once_and_answers_errors_as_problems() {
     assert_eq!(first.await.unwrap().0, StatusCode::OK);
     assert_eq!(charges.load(SeqCst), 2);
 }
+
+static CHARGED: AtomicUsize = AtomicUsize::new(0);
+static IDEM: std::sync::OnceLock<Idempotency> = std::sync::OnceLock::new();
+
+#[derive(Serialize, Deserialize)]
+struct Payment {
+    id: u64,
+}
+
+/// An axum handler that charges, with `on_cancel = finish`: a client that goes away does not
+/// cancel it.
+#[idempotent(key = "pay:{req.id}", ttl = "10s", on_cancel = finish, store = IDEM.get().unwrap())]
+async fn charge(Json(req): Json<Payment>) -> Result<Json<usize>, Error> {
+    let _ = req.id;
+    let run = CHARGED.fetch_add(1, SeqCst) + 1;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    Ok(Json(run))
+}
+
+/// A real server on loopback; the client sends a payment, closes the connection after 100 ms (the
+/// handler takes 400), then retries with the same id: 409 while the first runs, then its result.
+/// One charge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_handler_runs_to_its_end_with_finish() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    IDEM.get_or_init(|| Idempotency::new(MemoryStore::new()));
+    let app = Router::new().route("/pay", post(charge));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let request = "POST /pay HTTP/1.1\r\nhost: shop.test\r\ncontent-type: application/json\r\ncontent-length: 8\r\n\
+                   connection: close\r\n\r\n{\"id\":1}";
+    let send = || async {
+        let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+        conn.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = String::new();
+        conn.read_to_string(&mut answer).await.unwrap();
+        answer
+    };
+    let mut gives_up = tokio::net::TcpStream::connect(addr).await.unwrap();
+    gives_up.write_all(request.as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    drop(gives_up);
+    let during = send().await;
+    assert!(during.starts_with("HTTP/1.1 409"), "{during}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = send().await;
+    assert!(after.starts_with("HTTP/1.1 200") && after.ends_with("\r\n\r\n1"), "{after}");
+    assert_eq!(CHARGED.load(SeqCst), 1, "the client was charged twice");
+}

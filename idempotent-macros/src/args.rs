@@ -11,7 +11,7 @@ use syn::{parenthesized, Expr, Ident, LitBool, LitStr, Path, Token};
 use crate::duration::parse_duration;
 
 /// The arguments every attribute may take, for the "unknown argument" message.
-const KNOWN: &str = "key, mode, ttl, keep, on_duplicate, on_conflict, fingerprint, scope, \
+const KNOWN: &str = "key, mode, ttl, keep, on_duplicate, on_conflict, on_cancel, fingerprint, scope, \
                      abort_on_lease_lost, store, tx, crate";
 
 /// Parameter or token mode.
@@ -43,6 +43,8 @@ pub(crate) struct Args {
     pub fingerprint: Option<Expr>,
     pub scope: Option<LitStr>,
     pub abort_on_lease_lost: Option<bool>,
+    /// `on_cancel = finish` (the token that said it): a dropped call runs to its end.
+    pub finish_on_cancel: Option<Ident>,
     pub store: Option<Expr>,
     /// `tx = <PgStore>`: the body runs in a transaction of that store.
     pub tx: Option<Expr>,
@@ -127,6 +129,14 @@ impl Parse for Args {
                 "abort_on_lease_lost" => {
                     args.abort_on_lease_lost =
                         Some(if input.peek(Token![=]) { value::<LitBool>(input, &name)?.value } else { true });
+                }
+                "on_cancel" => {
+                    let policy: Ident = value(input, &name)?;
+                    match policy.to_string().as_str() {
+                        "release" => {}
+                        "finish" => args.finish_on_cancel = Some(policy),
+                        _ => return Err(syn::Error::new(policy.span(), "expected `release` or `finish`")),
+                    }
                 }
                 "store" => args.store = Some(value(input, &name)?),
                 "tx" => args.tx = Some(value(input, &name)?),

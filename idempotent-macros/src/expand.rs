@@ -211,6 +211,12 @@ fn rewrite(args: &Args, function: &ItemFn) -> syn::Result<TokenStream> {
     };
     let check = quote_spanned!(ret=> #private::check_return::<#return_type>(););
     let block = &function.block;
+    if let (Some(_), Some(finish)) = (&args.tx, &args.finish_on_cancel) {
+        return Err(syn::Error::new(
+            finish.span(),
+            "`on_cancel = finish` does not go with `tx`: the transaction is the caller's, and a dropped call rolls it back",
+        ));
+    }
     let run = match (&args.tx, &transaction) {
         (Some(pg), Some((_, tx, ty))) => {
             // The transaction is owned by the body's future and lent to the function's block as
@@ -236,6 +242,11 @@ fn rewrite(args: &Args, function: &ItemFn) -> syn::Result<TokenStream> {
                 )
                 .await
             }
+        }
+        // `on_cancel = finish`: the body moves to a task of its own (its arguments must be
+        // `Send + 'static`), so that a dropped call runs to its end.
+        _ if args.finish_on_cancel.is_some() => {
+            quote_spanned!(ret=> #store.run_to_completion(__idem_call, move || async move #block).await)
         }
         _ => quote_spanned!(ret=> #store.run(__idem_call, move || async move #block).await),
     };

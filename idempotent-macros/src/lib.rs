@@ -71,6 +71,7 @@ use proc_macro::TokenStream;
 /// | `fingerprint = expr` | an expression of the arguments hashed with the key (`amount`, `ev.amount_cents`, `(cb.amount, cb.currency)`, `req.total()`): the same key with another payload is `Error::KeyReused` | none |
 /// | `scope = "..."` | the key space; two functions with one scope share keys on purpose | module path and function name (token mode: `token`) |
 /// | `abort_on_lease_lost` | drop the body and fail with `Error::LeaseLost` as soon as the lease is known lost | off |
+/// | `on_cancel = release \| finish` | what a dropped call does (an axum handler whose client went away, an outer timeout): release the key (a retry runs the body again), or run to its end in a task of its own and store its result (the arguments must be `Send + 'static`) | `release` |
 /// | `store = expr` | what runs the call: an `Idempotency`, a `&Idempotency`, `self.idem`, `app.idem.clone()` | `idempotency::global()` |
 /// | `tx = pg` | feature `postgres`: the body runs in a transaction of this `PgStore`, committed with the record; the function declares `tx: &mut PgTransaction` (any name), which callers do not pass | none |
 /// | `crate = path` | the path of the `idempotency` crate, when renamed | `::idempotency` |
