@@ -10,6 +10,12 @@ use http::header::{HeaderName, AUTHORIZATION};
 use http::request;
 use sha1::{Digest, Sha1};
 
+/// The client a credential names: its hash, or none for an empty or blank value (every caller
+/// sending the header empty would otherwise be one client).
+fn credential(value: &[u8]) -> Option<String> {
+    (!value.iter().all(u8::is_ascii_whitespace)).then(|| hashed(value))
+}
+
 /// A hash of `bytes` (128 bits of SHA-1, as 32 hex digits): stable, and not the secret itself.
 fn hashed(bytes: &[u8]) -> String {
     Sha1::new_with_prefix(b"client\0").chain_update(bytes).finalize()[..16].iter().map(|b| format!("{b:02x}")).collect()
@@ -30,7 +36,7 @@ pub fn header(name: &'static str) -> impl Fn(&request::Parts) -> Option<String> 
         let mut values = req.headers.get_all(&name).iter();
         let value = values.next()?;
         // Two values would make the client ambiguous.
-        values.next().is_none().then(|| hashed(value.as_bytes()))
+        values.next().is_none().then(|| credential(value.as_bytes())).flatten()
     }
 }
 
@@ -41,7 +47,7 @@ pub fn authorization() -> impl Fn(&request::Parts) -> Option<String> + Clone + S
     move |req: &request::Parts| {
         let mut values = req.headers.get_all(&name).iter();
         let value = values.next()?;
-        values.next().is_none().then(|| hashed(value.as_bytes()))
+        values.next().is_none().then(|| credential(value.as_bytes())).flatten()
     }
 }
 
@@ -88,5 +94,9 @@ mod tests {
         assert_eq!(auth(&parts(&[])), None);
         assert_eq!(auth(&parts(&[("authorization", "x"), ("authorization", "y")])), None);
         assert_eq!(header("x-api-key")(&parts(&[("x-api-key", "k1")])), Some(hashed(b"k1")));
+        for blank in ["", " ", "\t "] {
+            assert_eq!(header("x-api-key")(&parts(&[("x-api-key", blank)])), None, "{blank:?}");
+            assert_eq!(authorization()(&parts(&[("authorization", blank)])), None, "{blank:?}");
+        }
     }
 }

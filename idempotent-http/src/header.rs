@@ -101,7 +101,7 @@ pub fn parse_key_with(values: GetAll<'_, HeaderValue>, max_bytes: usize, lenient
     }
     let raw = value.as_bytes();
     // A value far longer than any key it could hold is refused before it is read.
-    if raw.len() > 2 * max_bytes + 64 {
+    if raw.len() > max_bytes.saturating_mul(2).saturating_add(64) {
         return Err(KeyError::TooLong { len: raw.len(), max: max_bytes });
     }
     let bare = |b: &[u8]| !b.is_empty() && b.iter().all(|&c| c.is_ascii_graphic() && !b"\",;\\".contains(&c));

@@ -159,7 +159,7 @@ pub struct Ran;
 /// | key length | 255 bytes | [`max_key_bytes`](Self::max_key_bytes) |
 /// | in flight | 409 at once | [`wait_in_flight`](Self::wait_in_flight) |
 /// | stored responses | all but 5xx and the statuses frameworks answer before a handler runs ([`stored_by_default`]); a response with [`Ran`] always | [`store_if`](Self::store_if) |
-/// | stored headers | `Content-Type`, `Content-Language`, `Content-Location`, `Location`, `ETag`, `Last-Modified` | [`store_headers`](Self::store_headers) |
+/// | stored headers | `Content-Location`, `Location`, `ETag`, `Last-Modified`, and always the [`MEANING_HEADERS`](crate::MEANING_HEADERS) (`Content-Type`, `Content-Encoding`, `Content-Language`, `Content-Disposition`, `Content-Range`, `Vary`, `Cache-Control`) | [`store_headers`](Self::store_headers) |
 /// | replay marker | `Idempotent-Replayed: true` | [`replay_header`](Self::replay_header) |
 /// | request body read | 1 MiB (413 over) | [`max_request_bytes`](Self::max_request_bytes) |
 /// | response size | the runtime's `max_result_bytes` (1 MiB): larger ones are not replayable (409) | `IdempotencyBuilder::max_result_bytes` |
@@ -280,9 +280,11 @@ impl IdempotencyLayer {
         self.with(|p| p.methods = methods)
     }
 
-    /// The longest key accepted, in bytes (default 255); a longer one is refused with 400.
+    /// The longest key accepted, in bytes (default 255); a longer one is refused with 400. At
+    /// most [`MAX_HEADER_KEY_BYTES`](crate::MAX_HEADER_KEY_BYTES): a larger value is that
+    /// limit (the rest of the runtime's key limit holds the layer's scope and client).
     pub fn max_key_bytes(self, max: usize) -> Self {
-        self.with(|p| p.max_key_bytes = max)
+        self.with(|p| p.max_key_bytes = max.min(crate::MAX_HEADER_KEY_BYTES))
     }
 
     /// The largest request body read to fingerprint a guarded request (default 1 MiB); a
@@ -291,7 +293,9 @@ impl IdempotencyLayer {
         self.with(|p| p.max_request_bytes = max)
     }
 
-    /// The response headers stored and replayed (replacing the default set).
+    /// The response headers stored and replayed (replacing the default set); the
+    /// [`MEANING_HEADERS`](crate::MEANING_HEADERS), which give the body its meaning, are stored
+    /// with them whatever the set.
     pub fn store_headers(self, names: impl IntoIterator<Item = HeaderName>) -> Self {
         let names = names.into_iter().collect();
         self.with(|p| p.stored_headers = names)
@@ -349,8 +353,9 @@ impl IdempotencyLayer {
         self.with(|p| p.token_ttl = ttl)
     }
 
-    /// The path of the token endpoint (default `/idempotent/token`). The layer lets requests
-    /// to it through unguarded, so it can wrap a router that serves it.
+    /// The path of the token endpoint (default `/idempotent/token`), as the client sends it
+    /// (with the prefixes of any routers it is nested in). The layer lets requests to it
+    /// through unguarded, so it can wrap a router that serves it.
     pub fn token_path(self, path: impl Into<String>) -> Self {
         let path = path.into();
         self.with(|p| p.token_path = path)

@@ -48,11 +48,16 @@ mod stored;
 mod token;
 
 pub use header::IDEMPOTENCY_KEY;
+
+/// The longest key [`IdempotencyLayer::max_key_bytes`] can allow: half the runtime's key limit
+/// ([`MAX_KEY_BYTES`](idempotent_core::MAX_KEY_BYTES)), the other half for the layer's scope and
+/// client.
+pub const MAX_HEADER_KEY_BYTES: usize = idempotent_core::MAX_KEY_BYTES / 2;
 pub use layer::{
     stored_by_default, ClientScope, IdempotencyLayer, KeyMode, Ran, StorePredicate, TokenGuard,
     DEFAULT_MAX_REQUEST_BYTES, DEFAULT_REPLAY_HEADER, DEFAULT_TOKEN_PATH, DEFAULT_TOKEN_TTL,
     REJECTED_BEFORE_THE_HANDLER,
 };
 pub use service::IdempotencyService;
-pub use stored::StoredResponse;
+pub use stored::{StoredResponse, MEANING_HEADERS};
 pub use token::IssuedToken;

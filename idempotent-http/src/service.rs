@@ -87,16 +87,33 @@ where
     }
 }
 
-/// Runs one request through the layer.
+/// The request's target as the client sent it: axum's `OriginalUri` inside a nested router
+/// (whose own URI has lost the prefix), the URI itself elsewhere.
+fn original_uri(parts: &request::Parts) -> &http::Uri {
+    parts.extensions.get::<axum::extract::OriginalUri>().map_or(&parts.uri, |o| &o.0)
+}
+
+/// Runs one request through the layer. A guarded request runs in a task of its own: once its
+/// handler has started, it runs to its end and its response is stored even if the client goes
+/// away (hyper drops the request's future then); a retry meanwhile is answered 409 with
+/// `Retry-After`, and after it the stored response.
 async fn guard<S, B, ResBody>(policy: Arc<Policy>, mut inner: S, req: Request<B>) -> Result<Response<Body>, S::Error>
 where
-    S: Service<Request<B>, Response = Response<ResBody>>,
-    B: HttpBody + From<Bytes>,
+    S: Service<Request<B>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: HttpBody + From<Bytes> + Send + 'static,
+    B::Data: Send,
     B::Error: Into<BoxError>,
     ResBody: HttpBody<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    let unguarded = !policy.methods.contains(req.method()) || req.uri().path() == policy.token_path;
+    let (parts, body) = req.into_parts();
+    // The token endpoint's path as the client sent it: inside a nested router the request's own
+    // path has lost its prefix, and another route could look like the token endpoint.
+    let token_path = original_uri(&parts).path() == policy.token_path;
+    let req = Request::from_parts(parts, body);
+    let unguarded = !policy.methods.contains(req.method()) || token_path;
     if unguarded {
         return inner.call(req).await.map(|r| r.map(Body::new));
     }
@@ -113,7 +130,19 @@ where
         replayed = tracing::field::Empty,
         status = tracing::field::Empty,
     );
-    let answered = tracing::Instrument::instrument(respond(&policy, inner, parts, body, call), span.clone()).await;
+    let run = {
+        let policy = policy.clone();
+        async move { respond(&policy, inner, parts, body, call).await }
+    };
+    let answered = match tokio::spawn(tracing::Instrument::instrument(run, span.clone())).await {
+        Ok(answered) => answered,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(_) => {
+            let detail = "the request's task was cancelled (the server is shutting down); a retry with the same key \
+                          replays it or runs it";
+            Ok((Problem::new(ProblemKind::Internal, detail).into_response(), false))
+        }
+    };
     if let Ok((response, replayed)) = &answered {
         span.record("replayed", *replayed);
         span.record("status", response.status().as_u16());
@@ -145,9 +174,17 @@ where
         }
         Err(e) => return problem(Problem::new(ProblemKind::UnreadableBody, e.to_string())),
     };
-    // The fingerprint covers the method, the request target and the body.
-    let target = parts.uri.path_and_query().map_or_else(|| parts.uri.path(), |pq| pq.as_str());
-    let call = call.fingerprint_parts([parts.method.as_str().as_bytes(), target.as_bytes(), &body[..]]);
+    // The fingerprint covers the request as the client sent it: the method, the authority (one
+    // layer may serve several hosts), the whole target (a nested router's own URI has lost its
+    // prefix: `/v1/orders` and `/v2/orders` would be one request) and the body.
+    let uri = original_uri(&parts);
+    let target = uri.path_and_query().map_or_else(|| uri.path(), |pq| pq.as_str());
+    let authority = match uri.authority() {
+        Some(authority) => authority.as_str().as_bytes(),
+        None => parts.headers.get(http::header::HOST).map_or(&b""[..], |h| h.as_bytes()),
+    };
+    let parts_hashed: [&[u8]; 4] = [parts.method.as_str().as_bytes(), authority, target.as_bytes(), &body[..]];
+    let call = call.fingerprint_parts(parts_hashed);
     let req = Request::from_parts(parts, B::from(body));
 
     // The first run leaves the handler's own response head here (all its headers, not only the

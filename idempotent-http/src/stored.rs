@@ -57,12 +57,27 @@ impl StoredBytes {
     }
 }
 
+/// The headers that give a body its meaning (how it is encoded, what it is, how it may be cached
+/// and under which request headers): stored with every response whatever else is, since a body
+/// replayed without them means something else (gzip bytes without `Content-Encoding`).
+pub const MEANING_HEADERS: [HeaderName; 7] = [
+    http::header::CONTENT_TYPE,
+    http::header::CONTENT_ENCODING,
+    http::header::CONTENT_LANGUAGE,
+    http::header::CONTENT_DISPOSITION,
+    http::header::CONTENT_RANGE,
+    http::header::VARY,
+    http::header::CACHE_CONTROL,
+];
+
 impl StoredResponse {
-    /// Captures a response: its status, the headers named in `keep` (every line of each), and
-    /// its body.
+    /// Captures a response: its status, the headers named in `keep` and the
+    /// [`MEANING_HEADERS`] (every line of each), and its body.
     pub fn capture(parts: &response::Parts, body: &[u8], keep: &[HeaderName]) -> Self {
+        let extra = MEANING_HEADERS.iter().filter(|name| !keep.contains(name));
         let headers = keep
             .iter()
+            .chain(extra)
             .flat_map(|name| parts.headers.get_all(name).iter().map(move |v| (name, v)))
             .map(|(name, value)| StoredHeader {
                 name: name.as_str().to_owned(),
