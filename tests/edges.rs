@@ -20,6 +20,7 @@ use support::{counter, AppError, Backend, Fixture, RedisServer, R};
 all_stores!(
     durations_the_store_cannot_hold_are_refused_before_the_body_runs,
     a_forced_forget_never_gives_the_next_holder_a_smaller_fence,
+    runtimes_on_one_store_take_each_others_tokens_by_default,
 );
 
 /// `keep`, `ttl`, a wait and a token lifetime of `Duration::MAX` are `InvalidCall` naming the
@@ -271,4 +272,40 @@ async fn a_forced_forget_never_gives_the_next_holder_a_smaller_fence(backend: Ba
     let first = first.await.unwrap().unwrap();
     let second = second.unwrap();
     assert!(second > first, "the next holder's fence {second} is not above the forgotten holder's {first}");
+}
+
+/// Four runtimes on one store, each built with the default settings (as four instances of a
+/// service behind a load balancer are): a token issued by one is taken by every other; 100
+/// concurrent submits of one token across the four run the body once, and none is refused as
+/// invalid. A made-up token is still refused.
+async fn runtimes_on_one_store_take_each_others_tokens_by_default(backend: Backend) {
+    let fx = Fixture::new(backend, 4).await;
+    let fleet: Vec<Idempotency> = (0..4).map(|i| Idempotency::builder_shared(fx.store(i)).build()).collect();
+    let token = fleet[1].issue_token(Duration::from_secs(600)).unwrap();
+    let runs = counter();
+    let submits = (0..100).map(|i| {
+        let (idem, token, runs) = (fleet[i % 4].clone(), token.clone(), runs.clone());
+        tokio::spawn(async move {
+            idem.run(Call::token(token), move || async move {
+                runs.fetch_add(1, SeqCst);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                R::Ok(7u32)
+            })
+            .await
+        })
+    });
+    let mut invalid = 0;
+    for submit in submits.collect::<Vec<_>>() {
+        match submit.await.unwrap() {
+            Ok(7) | Err(AppError::Idem(Error::Conflict { .. })) => {}
+            Err(AppError::Idem(Error::InvalidToken { .. })) => invalid += 1,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(invalid, 0, "runtimes of one store refused each other's tokens");
+    assert_eq!(runs.load(SeqCst), 1, "one token ran more than once");
+    let replayed: R<u32> = fleet[3].run(Call::token(token.as_str()), || async { Ok(8) }).await;
+    assert_eq!(replayed.unwrap(), 7);
+    let forged: R<u32> = fleet[0].run(Call::token("A".repeat(56)), || async { Ok(9) }).await;
+    assert!(matches!(forged, Err(AppError::Idem(Error::InvalidToken { .. }))), "{forged:?}");
 }

@@ -50,6 +50,12 @@ fn command_counts(server: &RedisServer) -> Vec<String> {
         .collect()
 }
 
+/// How many records the server holds (the keys with the store's hash tag: not the shared token
+/// secret beside them).
+fn records(server: &RedisServer) -> usize {
+    server.command(&["KEYS", "idem:{*"]).unwrap().lines().filter(|l| !l.is_empty() && *l != "(nil)").count()
+}
+
 async fn store(server: &RedisServer) -> RedisStore {
     RedisStore::builder(&server.url()).timeout(Duration::from_secs(2)).connect().await.unwrap()
 }
@@ -93,7 +99,7 @@ async fn issuing_tokens_writes_nothing_and_bad_tokens_cost_no_command() {
     assert_eq!(after_refusals, before, "refusing forged or expired tokens sent commands to the store");
     // Only a token's first use creates a record.
     assert_eq!(idem.run(Call::token(&tokens[0]), body(runs.clone())).await.unwrap(), 0);
-    assert_eq!(server.command(&["DBSIZE"]).unwrap(), "1");
+    assert_eq!(records(&server), 1);
 }
 
 /// `keep` is 300 ms, the token lives 3 s: the token is still not run a second time after the
@@ -110,9 +116,9 @@ async fn a_used_token_is_not_run_again_while_it_is_valid() {
     tokio::time::sleep(ms(1000)).await;
     assert_eq!(idem.run(call(), body(runs.clone())).await.unwrap(), 0, "the used token ran again past keep");
     assert_eq!(runs.load(SeqCst), 1);
-    assert_eq!(server.command(&["DBSIZE"]).unwrap(), "1");
+    assert_eq!(records(&server), 1);
     tokio::time::sleep(ms(3000)).await;
-    assert_eq!(server.command(&["DBSIZE"]).unwrap(), "0", "a used token's record outlived the token");
+    assert_eq!(records(&server), 0, "a used token's record outlived the token");
 }
 
 #[tokio::test]
@@ -248,4 +254,34 @@ async fn attacker_controlled_inputs_are_bounded() {
     for w in waiters {
         assert_eq!(w.await.unwrap().unwrap(), 7, "a waiter within the bound did not get the replay");
     }
+}
+
+/// Rotating the shared token secret: a store that connects after it signs with the new secret and
+/// still takes tokens signed with the old one (kept as the previous); a second rotation retires
+/// the old one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_shared_secret_keeps_the_previous_one_accepted() {
+    let server = RedisServer::start();
+    let before = Idempotency::new(store(&server).await);
+    let old = before.issue_token(Duration::from_secs(600)).unwrap();
+    store(&server).await.rotate_token_secret().await.unwrap();
+    let after = Idempotency::new(store(&server).await);
+    let new = after.issue_token(Duration::from_secs(600)).unwrap();
+    let run = |idem: &Idempotency, token: &str| {
+        let (idem, token) = (idem.clone(), token.to_owned());
+        async move { idem.run(Call::token(token), || async { R::Ok(1u8) }).await }
+    };
+    assert!(run(&after, &old).await.is_ok(), "a token signed before the rotation was refused after it");
+    assert!(run(&after, &new).await.is_ok());
+    assert!(
+        matches!(run(&before, &new).await, Err(AppError::Idem(Error::InvalidToken { .. }))),
+        "an instance that has not reconnected takes the new secret's tokens?"
+    );
+    store(&server).await.rotate_token_secret().await.unwrap();
+    let later = Idempotency::new(store(&server).await);
+    let old_again = before.issue_token(Duration::from_secs(600)).unwrap();
+    assert!(
+        matches!(run(&later, &old_again).await, Err(AppError::Idem(Error::InvalidToken { .. }))),
+        "a retired secret is still accepted"
+    );
 }

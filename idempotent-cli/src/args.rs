@@ -53,6 +53,9 @@ pub enum Command {
     Stats(StatsArgs),
     /// Print records' transitions live, from keyspace notifications
     Watch(WatchArgs),
+    /// Replace the token secret the store's runtimes share (the old one stays accepted until the
+    /// next rotation); processes pick the new one up when they connect
+    RotateTokenSecret,
 }
 
 #[derive(Debug, Args)]

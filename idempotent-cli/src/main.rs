@@ -40,6 +40,18 @@ fn main() -> ExitCode {
     }
 }
 
+/// `rotate-token-secret`: a new shared token secret, the current one kept as the previous.
+async fn rotate(ctx: &connect::Ctx, out: &mut impl std::io::Write) -> Result<(), Failure> {
+    ctx.store.rotate_token_secret().await.map_err(|e| Failure::new(failure::EXIT_FAILURE, format!("rotate: {e}")))?;
+    writeln!(
+        out,
+        "rotated the token secret of {}: processes sign with the new one once they connect again; tokens \
+         signed with the one before stay accepted until the next rotation",
+        ctx.namespace
+    )
+    .map_err(|e| Failure::new(failure::EXIT_FAILURE, e.to_string()))
+}
+
 /// Prints a failure's message (if any) on stderr and turns it into the process's exit code.
 fn report(failure: Failure) -> ExitCode {
     if let Some(message) = &failure.message {
@@ -57,6 +69,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Purge(a) => purge::run(&ctx, a, &mut out).await,
         Command::Stats(a) => stats::run(&ctx, a, &mut out).await,
         Command::Watch(a) => watch::run(&ctx, a, &mut out).await,
+        Command::RotateTokenSecret => rotate(&ctx, &mut out).await,
     };
     ctx.store.quit().await;
     result

@@ -172,9 +172,12 @@ impl IdempotencyBuilder {
         self
     }
 
-    /// The keys that sign and verify tokens (default: a random key of this runtime's own, fine for
-    /// one process). Every instance that issues or takes tokens needs the same keys; rotate by
-    /// putting the new secret first and the old one in [`TokenKeys::previous`].
+    /// The keys that sign and verify tokens. Default: the secret the store shares with every
+    /// runtime on it (Redis and PostgreSQL create one at the first connect and read it at each
+    /// connect: a fleet on one store takes each other's tokens with no configuration), or, on a
+    /// store that keeps none (`MemoryStore`, a custom store), a random key of this runtime's own.
+    /// Keys given here win: every instance then needs the same ones; rotate by putting the new
+    /// secret first and the old one in [`TokenKeys::previous`].
     pub fn token_keys(mut self, keys: TokenKeys) -> Self {
         self.inner.token_keys = keys;
         self
@@ -262,6 +265,9 @@ impl Idempotency {
     /// A builder for a runtime on a store shared with other code.
     pub fn builder_shared(store: Arc<dyn Store>) -> IdempotencyBuilder {
         let commit_deadline = store.call_timeout().map_or(Duration::from_secs(5), |t| t * 2);
+        // The store's shared secret, so that a fleet on one store takes each other's tokens; one
+        // of this process's own where the store keeps none.
+        let token_keys = TokenKeys::shared(&store.token_secrets()).unwrap_or_else(TokenKeys::random);
         IdempotencyBuilder {
             inner: Inner {
                 watchdog: Watchdog::new(store.clone()),
@@ -272,7 +278,7 @@ impl Idempotency {
                 max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
                 wait_recheck: Duration::from_secs(1),
                 commit_deadline,
-                token_keys: TokenKeys::random(),
+                token_keys,
                 waiting: Default::default(),
                 max_waiters_per_key: DEFAULT_MAX_WAITERS_PER_KEY,
                 token_skew: Duration::from_secs(300),
@@ -1065,7 +1071,12 @@ impl Idempotency {
                     "idempotency result not stored within the commit deadline; the caller gets its value, \
                      storing goes on in the background until the lease would end"
                 );
-                tokio::spawn(retries);
+                if let Some(slot) = crate::store::background::slot("commit") {
+                    tokio::spawn(async move {
+                        let _slot = slot;
+                        retries.await
+                    });
+                }
                 Ok(false)
             }
         }

@@ -242,6 +242,16 @@ pub fn describe_metrics() {
             Unit::Count,
             "Results held by replay caches in this process."
         );
+        describe_gauge!(
+            "idempotency_background_tasks",
+            Unit::Count,
+            "Store work going on after its caller gave up or returned: background releases and commits."
+        );
+        describe_counter!(
+            "idempotency_background_dropped_total",
+            Unit::Count,
+            "Background releases and commits not started because 10,000 were in flight (an outage): the key frees itself when its lease ends."
+        );
     }
 }
 
@@ -366,6 +376,17 @@ pub(crate) mod record {
     pub(crate) fn cache_entries(delta: f64) {
         with(|h| h.entries.get_or_insert_with(|| metrics::gauge!("idempotency_replay_cache_entries")).increment(delta))
     }
+
+    /// Background store work (releases, commits) of callers that gave up or returned, as it
+    /// starts (`+1`) and ends (`-1`).
+    pub(crate) fn background(delta: f64) {
+        metrics::gauge!("idempotency_background_tasks").increment(delta)
+    }
+
+    /// Background work of kind `what` not started: the bound was reached.
+    pub(crate) fn background_dropped(what: &'static str) {
+        metrics::counter!("idempotency_background_dropped_total", "what" => what).increment(1)
+    }
 }
 
 /// Without the `metrics` feature: nothing.
@@ -394,6 +415,10 @@ pub(crate) mod record {
     pub(crate) fn cache(hit: bool) {}
     #[inline(always)]
     pub(crate) fn cache_entries(delta: f64) {}
+    #[inline(always)]
+    pub(crate) fn background(delta: f64) {}
+    #[inline(always)]
+    pub(crate) fn background_dropped(what: &'static str) {}
 }
 
 #[cfg(test)]

@@ -86,7 +86,31 @@ impl TokenKeys {
         Ok(TokenKeys { current: Key::new(secret.as_ref())?, previous: Vec::new() })
     }
 
-    /// A fresh random key, for one process (tests, a single instance).
+    /// Keys from a store's shared secrets ([`Store::token_secrets`](crate::Store::token_secrets)):
+    /// the first signs, the others are still accepted; `None` when there are none or the first
+    /// is too short.
+    pub(crate) fn shared(secrets: &[Vec<u8>]) -> Option<TokenKeys> {
+        let (current, previous) = secrets.split_first()?;
+        let keys = TokenKeys::new(current).ok()?;
+        Some(previous.iter().fold(keys, |keys, p| keys.clone().previous(p).unwrap_or(keys)))
+    }
+
+    /// A new random secret, as a store keeps it (URL-safe base64 of 32 bytes).
+    pub(crate) fn fresh_secret() -> String {
+        let mut secret = [0u8; 32];
+        if getrandom::getrandom(&mut secret).is_err() {
+            tracing::error!("no OS randomness for the shared token secret; tokens are weakly protected");
+        }
+        B64.encode(secret)
+    }
+
+    /// A secret as a store keeps it, decoded; `None` if it is not one (too short, not base64).
+    pub(crate) fn decode_secret(text: &str) -> Option<Vec<u8>> {
+        B64.decode(text.trim()).ok().filter(|s| s.len() >= MIN_SECRET_BYTES)
+    }
+
+    /// A fresh random key of one process's own, for tests and a single instance. A runtime on a
+    /// store that shares its secrets (Redis, PostgreSQL) uses those instead.
     pub fn random() -> TokenKeys {
         let mut secret = [0u8; 32];
         // Without OS randomness, a key from what tells processes apart: weak, but tokens still

@@ -49,6 +49,8 @@ pub struct MemoryStore {
     watchers: Channels,
     /// The replay caches following this store's purges.
     purges: Mutex<Vec<PurgeHandler>>,
+    /// The token secret of the runtimes on this store, made on first use.
+    token_secret: std::sync::OnceLock<Vec<u8>>,
 }
 
 #[derive(Default)]
@@ -495,6 +497,14 @@ impl Store for MemoryStore {
         handler(PurgeEvent::Following);
         self.purges.lock().unwrap_or_else(|p| p.into_inner()).push(handler);
         StoreFuture::ready(Ok(true))
+    }
+
+    /// A random secret of this store's own: the runtimes sharing it take each other's tokens.
+    fn token_secrets(&self) -> Vec<Vec<u8>> {
+        let secret = self.token_secret.get_or_init(|| {
+            crate::token::TokenKeys::decode_secret(&crate::token::TokenKeys::fresh_secret()).unwrap_or_default()
+        });
+        vec![secret.clone()]
     }
 }
 

@@ -23,6 +23,7 @@ use tokio::sync::watch;
 
 use crate::error::StoreError;
 
+pub(crate) mod background;
 mod channels;
 mod expiry;
 mod future;
@@ -33,6 +34,7 @@ pub mod postgres;
 pub mod redis;
 mod view;
 
+pub use background::MAX_BACKGROUND;
 pub use future::{BoxFuture, StoreFuture};
 pub use view::{Forgotten, Inspected, RecordState, RecordView, ScanPage};
 
@@ -299,8 +301,10 @@ pub trait Store: Send + Sync + 'static {
     fn abandon(self: Arc<Self>, key: &str, owner: &str, lease: Duration) {
         let _ = lease;
         let (key, owner) = (key.to_owned(), owner.to_owned());
+        let Some(slot) = background::slot("release") else { return };
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
+                let _slot = slot;
                 if let Err(e) = self.release(&key, &owner).await {
                     tracing::warn!(error = %e, "idempotency release after an abandoned call failed; the key is held until its lease ends");
                 }
@@ -344,6 +348,16 @@ pub trait Store: Send + Sync + 'static {
     fn follow_purges(&self, handler: PurgeHandler) -> StoreFuture<'_, Result<bool, StoreError>> {
         let _ = handler;
         StoreFuture::ready(Ok(false))
+    }
+
+    /// The secrets that sign tokens for every runtime on this store, the current one first, then
+    /// the previous ones still accepted: read when the store connected (the first process to
+    /// connect creates the current one), so that the runtimes of a fleet on one store accept
+    /// each other's tokens with no configuration and no store command per token. Empty when the
+    /// store keeps none (the default): a runtime then signs with a key of its own, good for one
+    /// process. Keys given to the runtime (`IdempotencyBuilder::token_keys`) win.
+    fn token_secrets(&self) -> Vec<Vec<u8>> {
+        Vec::new()
     }
 
     /// The bound on one call of this store (a network round trip and the server's work), when

@@ -81,6 +81,8 @@ struct Inner {
     flights: Flights,
     listener: OnceCell<listen::Listener>,
     reaper: Option<tokio::task::JoinHandle<()>>,
+    /// The secrets runtimes on this store sign tokens with, read at connect.
+    token_secrets: Vec<Vec<u8>>,
 }
 
 impl Drop for Inner {
@@ -337,8 +339,10 @@ impl PgStore {
             tracing::warn!(key, "idempotency release outside a runtime; the key is held until its lease ends");
             return;
         };
+        let Some(slot) = super::background::slot("release") else { return };
         let (store, key, owner) = (self.clone(), key.to_owned(), owner.to_owned());
         rt.spawn(async move {
+            let _slot = slot;
             let until = Instant::now() + lease + 2 * store.inner.timeout;
             let mut backoff = Duration::from_millis(25);
             loop {
@@ -645,6 +649,34 @@ fn fence_param(fence: u64) -> i64 {
     i64::try_from(fence).unwrap_or(i64::MAX)
 }
 
+/// The token secrets every runtime on the table shares (see `Store::token_secrets`): the current
+/// one, created by the first store that connects (`ON CONFLICT DO NOTHING`, so that racing
+/// processes agree on one), and the previous one if a rotation left it, from the table beside the
+/// records (`<table>_secret`, made by `migrate`). Without that table (a schema made by hand from an
+/// older `schema_sql`) or its permissions, none: runtimes then sign with keys of their own, and a
+/// warning says so.
+async fn shared_token_secrets(conn: &mut sqlx::PgConnection, schema: &str, table: &str) -> Vec<Vec<u8>> {
+    let secrets = format!("\"{schema}\".\"{table}_secret\"");
+    let insert = format!("INSERT INTO {secrets} (name, secret) VALUES ('token', $1) ON CONFLICT (name) DO NOTHING");
+    let select = format!("SELECT secret FROM {secrets} WHERE name IN ('token', 'token:previous') ORDER BY name");
+    let read = async {
+        sqlx::query(&insert).bind(crate::token::TokenKeys::fresh_secret()).execute(&mut *conn).await?;
+        sqlx::query_scalar::<_, String>(&select).fetch_all(&mut *conn).await
+    };
+    match read.await {
+        Ok(found) => found.iter().filter_map(|s| crate::token::TokenKeys::decode_secret(s)).collect(),
+        Err(e) => {
+            tracing::warn!(
+                table = %secrets,
+                error = %pg_error("token secret", e),
+                "idempotency store: cannot read or create the shared token secret; this process signs tokens \
+                 with a key of its own, which other instances refuse (migrate, or give every instance the same TokenKeys)"
+            );
+            Vec::new()
+        }
+    }
+}
+
 /// An sqlx error as a store error, with the kind a caller can act on.
 pub(crate) fn pg_error(op: &str, e: sqlx::Error) -> StoreError {
     use sqlx::Error as E;
@@ -834,15 +866,15 @@ impl PgStoreBuilder {
             }
             let check = format!("SELECT 1 FROM {table} LIMIT 0");
             sqlx::query(&check).execute(&mut *conn).await.map_err(|e| pg_error("check the records table", e))?;
-            Ok(())
+            Ok(shared_token_secrets(&mut conn, &self.schema, &self.table).await)
         };
         // The connect timeout bounds everything, including the pool's own wait for a connection.
         let connected = tokio::time::timeout(self.connect_timeout, ready).await;
-        match connected {
-            Ok(Ok(())) => {}
+        let token_secrets = match connected {
+            Ok(Ok(secrets)) => secrets,
             Ok(Err(e)) => return Err(named(e)),
             Err(_) => return Err(named(StoreError::timeout("connect", self.connect_timeout))),
-        }
+        };
         let begin = match self.transaction_statement_timeout {
             Some(t) => format!("BEGIN; SET LOCAL statement_timeout = {}", millis(t)),
             None => "BEGIN; SET LOCAL statement_timeout = 0".to_owned(),
@@ -857,6 +889,7 @@ impl PgStoreBuilder {
             begin,
             flights: Flights::default(),
             listener: OnceCell::new(),
+            token_secrets,
             reaper: (!self.reap_every.is_zero()).then(|| start_reaper(weak.clone(), self.reap_every, self.reap_batch)),
         });
         Ok(PgStore { inner })
@@ -913,6 +946,10 @@ impl Store for PgStore {
 
     fn follow_purges(&self, handler: PurgeHandler) -> StoreFuture<'_, Result<bool, StoreError>> {
         StoreFuture::new(self.follow_purges_inner(handler))
+    }
+
+    fn token_secrets(&self) -> Vec<Vec<u8>> {
+        self.inner.token_secrets.clone()
     }
 
     fn call_timeout(&self) -> Option<Duration> {

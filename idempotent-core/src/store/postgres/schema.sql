@@ -36,3 +36,10 @@ CREATE TABLE IF NOT EXISTS "{schema}"."{table}" (
 );
 -- For the reaper: expired rows, oldest first.
 CREATE INDEX IF NOT EXISTS "{table}_expires_at" ON "{schema}"."{table}" (expires_at);
+-- The secret every runtime on this table signs tokens with ('token', created by the first store
+-- that connects), and the one a rotation replaced ('token:previous', still accepted): tokens
+-- issued by one instance of a fleet are taken by every other with no configuration.
+CREATE TABLE IF NOT EXISTS "{schema}"."{table}_secret" (
+    name   text PRIMARY KEY,
+    secret text NOT NULL
+);

@@ -54,6 +54,12 @@ pub(crate) fn purge_channel(prefix: &str) -> String {
     format!("{prefix}:purged")
 }
 
+/// The key of the secret every runtime on the store signs tokens with (and, with `:previous`, the
+/// one it replaced, still accepted). Not a record key: those have a hash tag after the prefix.
+pub(crate) fn token_secret(prefix: &str) -> String {
+    format!("{prefix}:token-secret")
+}
+
 /// Why `prefix` cannot be a key prefix, if it cannot.
 pub(crate) fn check_prefix(prefix: &str) -> Result<(), String> {
     if prefix.is_empty() {

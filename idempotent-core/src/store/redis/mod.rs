@@ -83,6 +83,8 @@ struct Inner {
     /// after all (a node of an older version in a cluster being upgraded).
     compare_and_set: AtomicBool,
     subscriptions: OnceCell<watch::Subscriptions>,
+    /// The secrets runtimes on this store sign tokens with, read at connect.
+    token_secrets: Vec<Vec<u8>>,
 }
 
 impl Drop for Inner {
@@ -231,6 +233,25 @@ impl RedisStore {
         if let Some(subs) = self.inner.subscriptions.get() {
             let _ = subs.quit().await;
         }
+    }
+
+    /// Replaces the token secret every runtime on this store shares (see
+    /// [`Store::token_secrets`]) with a new random one, keeping the current one as the previous,
+    /// still accepted: for an operator (`idempotency rotate-token-secret`). Processes pick the new
+    /// one up when they next connect; until then they sign with the old one, which every process
+    /// still accepts. Tokens signed with the secret before the previous one are refused.
+    pub async fn rotate_token_secret(&self) -> Result<(), StoreError> {
+        let key = keys::token_secret(&self.inner.prefix);
+        let previous = format!("{key}:previous");
+        let client = self.inner.pool.next();
+        let current: Option<String> = self.bounded("rotate", Box::pin(client.get(key.as_str()))).await?;
+        if let Some(current) = current {
+            let _: Value =
+                self.bounded("rotate", Box::pin(client.set(previous.as_str(), current, None, None, false))).await?;
+        }
+        let fresh = crate::token::TokenKeys::fresh_secret();
+        let _: Value = self.bounded("rotate", Box::pin(client.set(key.as_str(), fresh, None, None, false))).await?;
+        Ok(())
     }
 
     /// The client a key's commands go through: always the same one for one key, so that they
@@ -471,8 +492,10 @@ impl RedisStore {
             tracing::warn!(key = %logged_key(key), "idempotency release outside a runtime; the key is held until its lease ends");
             return;
         };
+        let Some(slot) = super::background::slot("release") else { return };
         let (store, key, owner) = (self.clone(), key.to_owned(), owner.to_owned());
         rt.spawn(async move {
+            let _slot = slot;
             let until = tokio::time::Instant::now() + lease + 2 * store.inner.timeout;
             let mut backoff = Duration::from_millis(50);
             loop {
@@ -527,26 +550,13 @@ impl RedisStore {
         Ok(true)
     }
 
-    /// GET and PTTL of a record key, sent at once; `None` for a value that is not a string (its
-    /// type named).
-    async fn read(
-        &self,
-        client: &Client,
-        record_key: &str,
-    ) -> Result<(Result<Option<Vec<u8>>, String>, i64), StoreError> {
-        let get = Box::pin(client.get::<Option<Vec<u8>>, _>(record_key));
-        let ttl = Box::pin(client.pttl::<i64, _>(record_key));
-        let (got, ttl) = tokio::join!(get, ttl);
-        let ttl = ttl.map_err(|e| store_error("inspect", e))?;
-        let got = match got {
-            Ok(bytes) => Ok(bytes),
-            Err(e) if e.details().starts_with("WRONGTYPE") => {
-                let kind: String = Box::pin(client.r#type(record_key)).await.map_err(|e| store_error("inspect", e))?;
-                Err(format!("holds a Redis {kind}, not an idempotency record"))
-            }
-            Err(e) => return Err(store_error("inspect", e)),
-        };
-        Ok((got, ttl))
+    /// A record key's value and `PTTL`, read in one step (`inspect.lua`); `Err` naming the type
+    /// for a value that is not a string.
+    async fn read(&self, client: &Client, record_key: &str) -> Result<replies::Read, StoreError> {
+        let reply = scripts::run(client, &scripts::INSPECT, || (vec![record_key.into()], Vec::new()))
+            .await
+            .map_err(|e| store_error("inspect", e))?;
+        replies::inspected(reply)
     }
 
     async fn inspect_inner(&self, key: &str) -> Result<Inspected, StoreError> {
@@ -912,10 +922,12 @@ impl RedisStoreBuilder {
             for script in scripts::all() {
                 let _ = script.load(pool.next()).await;
             }
-            server_info(pool.next()).await
+            let server = server_info(pool.next()).await?;
+            let secrets = shared_token_secrets(pool.next(), &self.prefix, server.has_set_nx_get()).await;
+            Ok::<_, StoreError>((server, secrets))
         };
-        let server = match within("connect", self.connect_timeout, ready).await.map_err(named) {
-            Ok(server) => server,
+        let (server, token_secrets) = match within("connect", self.connect_timeout, ready).await.map_err(named) {
+            Ok(found) => found,
             Err(e) => {
                 // Not awaited: closing a client that never connected can itself wait.
                 closing.store(true, Ordering::Release);
@@ -942,6 +954,7 @@ impl RedisStoreBuilder {
                 compare_and_set: AtomicBool::new(server.has_set_ifeq()),
                 server,
                 subscriptions: OnceCell::new(),
+                token_secrets,
             }),
         };
         tracing::debug!(
@@ -952,6 +965,38 @@ impl RedisStoreBuilder {
             "idempotency store connected"
         );
         Ok(store)
+    }
+}
+
+/// The token secrets every runtime on the store shares (see `Store::token_secrets`): the current
+/// one, created by the first process that connects (`SET NX`, so that racing processes agree on
+/// one), and the previous one if a rotation left it. A store that cannot read or write them (a
+/// user without the permission, a read-only replica) has none: its runtimes then sign with keys
+/// of their own, and a warning says so.
+async fn shared_token_secrets(client: &Client, prefix: &str, nx_get: bool) -> Vec<Vec<u8>> {
+    let key = keys::token_secret(prefix);
+    let ours = crate::token::TokenKeys::fresh_secret();
+    let read = async {
+        let existing: Option<String> = if nx_get {
+            Box::pin(client.set(key.as_str(), ours.as_str(), None, Some(SetOptions::NX), true)).await?
+        } else {
+            let _: Value = Box::pin(client.set(key.as_str(), ours.as_str(), None, Some(SetOptions::NX), false)).await?;
+            Box::pin(client.get(key.as_str())).await?
+        };
+        let previous: Option<String> = Box::pin(client.get(format!("{key}:previous"))).await?;
+        Ok::<_, Error>([Some(existing.unwrap_or(ours)), previous])
+    };
+    match read.await {
+        Ok(found) => found.into_iter().flatten().filter_map(|s| crate::token::TokenKeys::decode_secret(&s)).collect(),
+        Err(e) => {
+            tracing::warn!(
+                key = %key,
+                error = %store_error("token secret", e),
+                "idempotency store: cannot read or create the shared token secret; this process signs tokens \
+                 with a key of its own, which other instances refuse (give every instance the same TokenKeys)"
+            );
+            Vec::new()
+        }
     }
 }
 
@@ -1113,6 +1158,10 @@ impl Store for RedisStore {
 
     fn call_timeout(&self) -> Option<Duration> {
         Some(self.inner.timeout)
+    }
+
+    fn token_secrets(&self) -> Vec<Vec<u8>> {
+        self.inner.token_secrets.clone()
     }
 }
 

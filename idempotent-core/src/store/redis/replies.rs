@@ -33,6 +33,27 @@ fn array(op: &str, reply: Value) -> Result<Vec<Value>, StoreError> {
     }
 }
 
+/// What a key holds, as read for an operator: its value (`None`: absent), or what it is when it is
+/// not a string; and its `PTTL`.
+pub(crate) type Read = (Result<Option<Vec<u8>>, String>, i64);
+
+/// `inspect.lua`'s reply: the value (or the type of a key that is not a string) and the PTTL.
+pub(crate) fn inspected(reply: Value) -> Result<Read, StoreError> {
+    let items = array("inspect", reply)?;
+    let bad = || StoreError::reply("inspect", format_args!("unexpected reply {items:?}"));
+    let ttl = items.get(1).and_then(int).ok_or_else(bad)?;
+    if let Some(kind) = items.get(2).and_then(text) {
+        return Ok((Err(format!("holds a Redis {kind}, not an idempotency record")), ttl));
+    }
+    let value = match &items[0] {
+        Value::Null => None,
+        Value::String(s) => Some(s.as_bytes().to_vec()),
+        Value::Bytes(b) => Some(b.to_vec()),
+        _ => return Err(bad()),
+    };
+    Ok((Ok(value), ttl))
+}
+
 pub(crate) fn acquire(reply: Value) -> Result<AcquireOutcome, StoreError> {
     let items = array("acquire", reply)?;
     let bad = || StoreError::reply("acquire", format_args!("unexpected reply {items:?}"));

@@ -31,6 +31,7 @@ pub(crate) static RENEW: Lazy<Script> = lua!("renew.lua");
 pub(crate) static COMMIT: Lazy<Script> = lua!("commit.lua");
 pub(crate) static RELEASE: Lazy<Script> = lua!("release.lua");
 pub(crate) static FORGET: Lazy<Script> = lua!("forget.lua");
+pub(crate) static INSPECT: Lazy<Script> = lua!("inspect.lua");
 
 /// The scripts of every call's path, loaded when the store connects (`forget`, an operator's,
 /// is loaded on first use).
