@@ -14,6 +14,8 @@
 //! - **I6** every call ends within its bound (besides its body's own time).
 //! - **I7** nothing lost silently: every `Ok` a body returned is stored, or its caller or body
 //!   was told.
+//! - **I8** what no store can hold is refused before the body runs (`InvalidCall`), and a
+//!   genuine token is taken by every process on the store (never `InvalidToken`).
 //!
 //! Windows are judged by what the history proves, never by a guess: a store command landed
 //! somewhere between its sending and its answer, so a violation is reported only when every
@@ -68,6 +70,8 @@ struct CallInfo {
     lock: bool,
     abort: bool,
     probe: bool,
+    unholdable: bool,
+    token: bool,
     bound: Duration,
     proc: usize,
     invoke: Micros,
@@ -132,7 +136,7 @@ fn read(events: &[(Micros, Event)]) -> Reading {
         last = *t;
         let t = *t * TICK + rank;
         match e {
-            Event::Invoke { call, proc, key, keep, lock, abort, bound, probe } => {
+            Event::Invoke { call, proc, key, keep, lock, abort, bound, probe, unholdable, token } => {
                 calls.insert(
                     *call,
                     CallInfo {
@@ -142,6 +146,8 @@ fn read(events: &[(Micros, Event)]) -> Reading {
                         lock: *lock,
                         abort: *abort,
                         probe: *probe,
+                        unholdable: *unholdable,
+                        token: *token,
                         bound: *bound,
                         proc: *proc,
                         invoke: t,
@@ -435,6 +441,17 @@ pub fn check(events: &[(Micros, Event)]) -> Report {
             violation("I6", &c.key, format!("call #{} never returned", c.id));
             continue;
         };
+        // I8: refused what cannot be held, taken what is genuine.
+        if c.unholdable && (c.body.is_some() || !matches!(returned, Returned::Err(e) if e == "InvalidCall")) {
+            violation(
+                "I8",
+                &c.key,
+                format!("call #{} asked for a duration no store can hold and got {returned:?}", c.id),
+            );
+        }
+        if c.token && matches!(returned, Returned::Err(e) if e == "InvalidToken") {
+            violation("I8", &c.key, format!("call #{}'s genuine token was refused as invalid", c.id));
+        }
         // I5: probes after the faults.
         if c.probe {
             if let Returned::Err(e) = returned {
@@ -514,6 +531,8 @@ mod tests {
                     abort: false,
                     bound: Duration::from_millis(500),
                     probe: false,
+                    unholdable: false,
+                    token: false,
                 },
             )
         }
@@ -642,6 +661,20 @@ mod tests {
         assert_eq!(h.check(), vec!["I6"]);
         let never = H::default().invoke(0, 0, 0);
         assert_eq!(never.check(), vec!["I6"]);
+    }
+
+    #[test]
+    fn i8_an_unholdable_duration_runs_or_a_genuine_token_is_refused() {
+        let mut unholdable = H::default().ran(0, 0, 1, 10, 0);
+        if let Event::Invoke { unholdable: u, .. } = &mut unholdable.0[0].1 {
+            *u = true;
+        }
+        assert!(unholdable.check().contains(&"I8"));
+        let mut refused = H::default().invoke(0, 0, 0).ret(MS, 0, Returned::Err("InvalidToken".into()));
+        if let Event::Invoke { token, .. } = &mut refused.0[0].1 {
+            *token = true;
+        }
+        assert_eq!(refused.check(), vec!["I8"]);
     }
 
     #[test]

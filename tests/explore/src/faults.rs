@@ -410,6 +410,10 @@ impl Store for Faulty {
     fn call_timeout(&self) -> Option<Duration> {
         Some(self.timeout)
     }
+
+    fn token_secrets(&self) -> Vec<Vec<u8>> {
+        self.backend.store().token_secrets()
+    }
 }
 
 /// Relays the backend's purge events to one process's handler through its pub/sub connection.

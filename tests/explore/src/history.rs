@@ -70,7 +70,9 @@ pub enum OpResult {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
     /// A call began. `bound` is how long it may take besides its body (I6); a `probe` is made
-    /// after the schedule, once every fault has ended (I5).
+    /// after the schedule, once every fault has ended (I5); an `unholdable` one asks for a
+    /// duration no store can hold, and must be refused (I8); a `token` one carries a genuine
+    /// token, which must be taken (I8).
     Invoke {
         call: CallId,
         proc: usize,
@@ -80,6 +82,8 @@ pub enum Event {
         abort: bool,
         bound: Duration,
         probe: bool,
+        unholdable: bool,
+        token: bool,
     },
     /// Its body started, holding the key as `owner` with `fence`; `lost` is whether the context
     /// said the lease was lost at that moment.

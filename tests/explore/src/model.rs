@@ -62,6 +62,8 @@ impl State {
 
 /// The model store.
 pub struct ModelStore {
+    /// The token secret every runtime on the store shares (as `RedisStore` reads it at connect).
+    secret: Vec<u8>,
     state: Mutex<State>,
     watchers: Mutex<HashMap<String, watch::Sender<u64>>>,
     purges: Mutex<Vec<PurgeHandler>>,
@@ -70,6 +72,7 @@ pub struct ModelStore {
 impl Default for ModelStore {
     fn default() -> Self {
         ModelStore {
+            secret: (0..32u8).map(|i| i.wrapping_mul(97).wrapping_add(13)).collect(),
             state: Mutex::new(State { recs: HashMap::new(), clock_us: 0, start: Instant::now() }),
             watchers: Mutex::default(),
             purges: Mutex::default(),
@@ -288,6 +291,10 @@ impl Store for ModelStore {
         handler(PurgeEvent::Following);
         lock(&self.purges).push(handler);
         StoreFuture::ready(Ok(true))
+    }
+
+    fn token_secrets(&self) -> Vec<Vec<u8>> {
+        vec![self.secret.clone()]
     }
 }
 

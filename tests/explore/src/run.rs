@@ -39,13 +39,29 @@ fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
-/// The full key of key `k` of a schedule, for a call or a lock.
+/// The full key of key `k` of a schedule, for a call or a lock (a token call's history names its
+/// key `token:k<k>`).
 pub fn full_key(k: usize, lock: bool) -> String {
     if lock {
         format!("{}:k{k}", idempotency::LOCK_SCOPE)
     } else {
         format!("{SCOPE}:k{k}")
     }
+}
+
+/// The history's name for the key of `spec`.
+fn key_of(spec: &CallSpec) -> String {
+    if spec.token && !spec.lock {
+        format!("token:k{}", spec.key)
+    } else {
+        full_key(spec.key, spec.lock)
+    }
+}
+
+/// Whether `spec` asks for a duration no store can hold.
+fn unholdable(spec: &CallSpec) -> bool {
+    let over = |v: u64| ms(v) > idempotency::MAX_DURATION;
+    over(spec.ttl_ms) || (!spec.lock && over(spec.keep_ms))
 }
 
 /// The error of the explorer's bodies.
@@ -106,6 +122,11 @@ async fn play_in(schedule: &Schedule, store: Store) -> History {
         .collect();
     let admin = Idempotency::builder_shared(backend.store()).build();
 
+    // Tokens issued by process 0 for each key: every process must take them (they share the
+    // store's token secret), for their whole life (a minute, past the schedule's end).
+    let tokens: Arc<Vec<String>> = Arc::new(
+        (0..schedule.keys()).map(|_| idems[0].issue_token(Duration::from_secs(60)).expect("a token")).collect(),
+    );
     let mut tasks = tokio::task::JoinSet::new();
     for p in &schedule.purges {
         let (admin, h, key) = (admin.clone(), history.clone(), full_key(p.key, false));
@@ -130,9 +151,10 @@ async fn play_in(schedule: &Schedule, store: Store) -> History {
     for (id, spec) in schedule.calls.iter().enumerate() {
         let (idem, h, spec, at) = (idems[spec.proc].clone(), history.clone(), spec.clone(), start + ms(spec.at_ms));
         let timeout = ms(schedule.timeouts_ms[spec.proc]);
+        let tokens = tokens.clone();
         tasks.spawn(async move {
             tokio::time::sleep_until(at).await;
-            one_call(&idem, &h, id, &spec, timeout, false).await;
+            one_call(&idem, &h, id, &spec, timeout, false, &tokens).await;
         });
     }
     // Every call ends within its bound (I6 says how long); a minute of schedule time is far past it.
@@ -140,20 +162,22 @@ async fn play_in(schedule: &Schedule, store: Store) -> History {
 
     // Once every fault has ended: every lease may run out, every background commit and release
     // may land. Then every key must be free or completed (I5).
-    let longest_ttl = schedule.calls.iter().map(|c| c.ttl_ms).max().unwrap_or(0);
+    let longest_ttl = schedule.calls.iter().map(|c| c.ttl_ms).filter(|t| *t <= 60_000).max().unwrap_or(0);
     let settled = start + ms(schedule.faults_end_ms()) + ms(longest_ttl) + 10 * longest_timeout;
     tokio::time::sleep_until(settled.max(Instant::now() + 10 * longest_timeout)).await;
     let mut id = schedule.calls.len();
-    let mut keys: Vec<(usize, bool)> = schedule.calls.iter().map(|c| (c.key, c.lock)).collect();
+    let mut keys: Vec<(usize, bool, bool)> =
+        schedule.calls.iter().map(|c| (c.key, c.lock, c.token && !c.lock)).collect();
     keys.sort_unstable();
     keys.dedup();
-    for (key, lock) in keys {
+    for (key, lock, token) in keys {
         for (proc, idem) in idems.iter().enumerate() {
             let probe = CallSpec {
                 at_ms: 0,
                 proc,
                 key,
                 lock,
+                token,
                 ttl_ms: 1000,
                 keep_ms: 1000,
                 wait_ms: None,
@@ -164,7 +188,7 @@ async fn play_in(schedule: &Schedule, store: Store) -> History {
                 end: End::Ok,
                 cancel_ms: None,
             };
-            one_call(idem, &history, id, &probe, ms(schedule.timeouts_ms[proc]), true).await;
+            one_call(idem, &history, id, &probe, ms(schedule.timeouts_ms[proc]), true, &tokens).await;
             id += 1;
         }
     }
@@ -174,7 +198,15 @@ async fn play_in(schedule: &Schedule, store: Store) -> History {
 }
 
 /// Makes one call (or takes one lock) as `spec` says and records what happened.
-async fn one_call(idem: &Idempotency, h: &History, id: CallId, spec: &CallSpec, timeout: Duration, probe: bool) {
+async fn one_call(
+    idem: &Idempotency,
+    h: &History,
+    id: CallId,
+    spec: &CallSpec,
+    timeout: Duration,
+    probe: bool,
+    tokens: &[String],
+) {
     let patience = spec.wait_ms.map_or(Duration::ZERO, ms);
     // Acquiring: each acquire (and the watch) within the store's timeout, after the patience; the
     // commit within its deadline (twice the timeout); a release within the timeout.
@@ -182,19 +214,23 @@ async fn one_call(idem: &Idempotency, h: &History, id: CallId, spec: &CallSpec, 
     h.record(Event::Invoke {
         call: id,
         proc: spec.proc,
-        key: full_key(spec.key, spec.lock),
-        keep: ms(spec.keep_ms),
+        key: key_of(spec),
+        // A used token's record is kept until the token expires and the clock skew allowed
+        // after it (5 minutes), whatever `keep` says.
+        keep: if spec.token && !spec.lock { ms(spec.keep_ms).max(Duration::from_secs(300)) } else { ms(spec.keep_ms) },
         lock: spec.lock,
         // A lock guard is not aborted: its holder selects on `lost()` itself.
         abort: spec.abort_on_lease_lost && !spec.lock,
         bound,
         probe,
+        unholdable: unholdable(spec),
+        token: spec.token && !spec.lock,
     });
     let work = async {
         if spec.lock {
             take_lock(idem, h, id, spec).await
         } else {
-            guarded(idem, h, id, spec).await
+            guarded(idem, h, id, spec, tokens).await
         }
     };
     let caught = caught(work);
@@ -216,9 +252,13 @@ async fn caught(fut: impl Future<Output = Returned>) -> Result<Returned, Returne
     .await
 }
 
-async fn guarded(idem: &Idempotency, h: &History, id: CallId, spec: &CallSpec) -> Returned {
-    let call = Call::new(format!("k{}", spec.key))
-        .scope(SCOPE)
+async fn guarded(idem: &Idempotency, h: &History, id: CallId, spec: &CallSpec, tokens: &[String]) -> Returned {
+    let call = if spec.token {
+        Call::token(tokens[spec.key].as_str())
+    } else {
+        Call::new(format!("k{}", spec.key)).scope(SCOPE)
+    };
+    let call = call
         .ttl(ms(spec.ttl_ms))
         .keep(ms(spec.keep_ms))
         .on_conflict(spec.wait_ms.map_or(OnConflict::Reject, |w| OnConflict::Wait(ms(w))))

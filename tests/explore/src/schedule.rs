@@ -24,6 +24,9 @@ pub struct CallSpec {
     pub key: usize,
     /// A lock guard (`Idempotency::lock`) instead of a guarded call.
     pub lock: bool,
+    /// Token mode: the call's key is a token process 0 issued for key `key` at the start (every
+    /// process must take it: they share the store's token secret).
+    pub token: bool,
     pub ttl_ms: u64,
     pub keep_ms: u64,
     /// `OnConflict::Wait` with this patience (else `Reject`).
@@ -121,12 +124,16 @@ fn at(max_ms: u64) -> impl Strategy<Value = u64> {
     (0..=max_ms / 10).prop_map(|t| t * 10)
 }
 
+/// A duration no store can hold (`Duration::from_millis(u64::MAX)`): the call must be refused
+/// before its body runs.
+pub const FOREVER_MS: u64 = u64::MAX;
+
 fn ttl() -> impl Strategy<Value = u64> {
-    prop_oneof![Just(50u64), Just(100), Just(300), Just(1000)]
+    prop_oneof![10 => Just(50u64), 10 => Just(100), 10 => Just(300), 10 => Just(1000), 1 => Just(FOREVER_MS)]
 }
 
 fn keep() -> impl Strategy<Value = u64> {
-    prop_oneof![1 => Just(0u64), 3 => Just(300), 3 => Just(1000), 1 => Just(5000)]
+    prop_oneof![8 => Just(0u64), 24 => Just(300), 24 => Just(1000), 8 => Just(5000), 1 => Just(FOREVER_MS)]
 }
 
 fn end() -> impl Strategy<Value = End> {
@@ -135,14 +142,19 @@ fn end() -> impl Strategy<Value = End> {
 
 fn call(procs: usize, keys: usize) -> impl Strategy<Value = CallSpec> {
     (
-        (at(2000), 0..procs, 0..keys, prop::bool::weighted(0.15)),
+        (
+            at(2000),
+            0..procs,
+            0..keys,
+            prop_oneof![17 => Just((false, false)), 3 => Just((true, false)), 3 => Just((false, true))],
+        ),
         (ttl(), keep(), prop::option::weighted(0.3, at(1500)), prop::bool::weighted(0.15)),
         (prop::bool::weighted(0.3), prop::bool::weighted(0.9)),
         (prop::collection::vec(at(1200), 0..3), end(), prop::option::weighted(0.15, at(1500))),
     )
         .prop_map(
             |(
-                (at_ms, proc, key, lock),
+                (at_ms, proc, key, (lock, token)),
                 (ttl_ms, keep_ms, wait_ms, reject),
                 (abort, renew),
                 (steps_ms, end, cancel_ms),
@@ -152,6 +164,7 @@ fn call(procs: usize, keys: usize) -> impl Strategy<Value = CallSpec> {
                     proc,
                     key,
                     lock,
+                    token,
                     ttl_ms,
                     keep_ms,
                     wait_ms,
@@ -218,7 +231,13 @@ impl fmt::Display for Schedule {
             self.timeouts_ms
         )?;
         for (i, c) in self.calls.iter().enumerate() {
-            let what = if c.lock { "lock" } else { "call" };
+            let what = if c.lock {
+                "lock"
+            } else if c.token {
+                "token call"
+            } else {
+                "call"
+            };
             write!(f, "  #{i} at {}ms p{} {what} k{} ttl {}ms keep {}ms", c.at_ms, c.proc, c.key, c.ttl_ms, c.keep_ms)?;
             if let Some(w) = c.wait_ms {
                 write!(f, " wait {w}ms")?;

@@ -11,6 +11,7 @@ fn call(at_ms: u64, proc: usize) -> CallSpec {
         proc,
         key: 0,
         lock: false,
+        token: false,
         ttl_ms: 1000,
         keep_ms: 5000,
         wait_ms: None,
