@@ -45,6 +45,21 @@ echo "== the explorer: fixed seeds, then a random one (printed), deterministic l
 bash scripts/explore.sh --seed 1 --schedules 20000
 bash scripts/explore.sh --minutes 1
 
+echo "== fuzzing: every target for a few seconds from its corpus (the corpus itself ran as tests above)"
+# cargo fuzz needs a nightly toolchain, which a machine may not have and rustup cannot fetch
+# here; cargo-fuzz itself installs from crates.io.
+if rustup run nightly rustc --version >/dev/null 2>&1; then
+    command -v cargo-fuzz >/dev/null 2>&1 || cargo install --quiet --locked cargo-fuzz
+    (
+        cd fuzz
+        for target in $(cargo +nightly fuzz list); do
+            cargo +nightly fuzz run "$target" "corpus/$target" -- -max_total_time=10 -rss_limit_mb=2048 2>&1 | tail -2
+        done
+    )
+else
+    echo "skipped: no nightly toolchain on this machine"
+fi
+
 echo "== benchmark round-trip check (exact counts from Redis, not timings)"
 cargo run --quiet --release --example bench -- --check
 echo "== all green"

@@ -39,6 +39,9 @@ mod codec;
 mod context;
 mod duration;
 mod error;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzz;
 mod global;
 mod hash;
 mod ids;

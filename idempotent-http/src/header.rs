@@ -395,3 +395,17 @@ mod tests {
         }
     }
 }
+
+/// Fuzzing entry point (not part of the API): `data` as one `Idempotency-Key` value, parsed
+/// strictly and leniently; a key either parser returns is never empty nor over the limit.
+#[doc(hidden)]
+pub fn fuzz(data: &[u8]) {
+    let Ok(value) = HeaderValue::from_bytes(data) else { return };
+    let mut headers = http::HeaderMap::new();
+    headers.insert(IDEMPOTENCY_KEY.clone(), value);
+    for lenient in [false, true] {
+        if let Ok(key) = parse_key_with(headers.get_all(&IDEMPOTENCY_KEY), 255, lenient) {
+            assert!(!key.is_empty() && key.len() <= 255, "{key:?} from {data:?}");
+        }
+    }
+}

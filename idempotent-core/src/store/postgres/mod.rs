@@ -613,7 +613,7 @@ fn view(row: &PgRow) -> Result<RecordView, sqlx::Error> {
 
 /// A full key as the table keeps it: PostgreSQL's `text` cannot hold NUL, so NUL is written `\0`
 /// and a backslash `\\` (an escape that keeps distinct keys distinct and prefixes prefixes).
-fn stored(key: &str) -> Cow<'_, str> {
+pub(crate) fn stored(key: &str) -> Cow<'_, str> {
     if !key.contains(['\\', '\0']) {
         return Cow::Borrowed(key);
     }
@@ -621,7 +621,7 @@ fn stored(key: &str) -> Cow<'_, str> {
 }
 
 /// The full key of a stored one (see [`stored`]).
-fn unstored(key: &str) -> Cow<'_, str> {
+pub(crate) fn unstored(key: &str) -> Cow<'_, str> {
     if !key.contains('\\') {
         return Cow::Borrowed(key);
     }

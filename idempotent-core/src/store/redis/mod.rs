@@ -25,14 +25,14 @@ use crate::error::{StoreError, StoreErrorKind};
 use crate::telemetry::logged_key;
 
 mod keys;
-mod record;
+pub(crate) mod record;
 mod replies;
 mod scripts;
 mod server;
 mod supervise;
 #[cfg(feature = "tls")]
 mod tls;
-mod url;
+pub(crate) mod url;
 mod watch;
 
 pub use fred;

@@ -1,0 +1,4 @@
+//! Fuzz target: `idempotent_core::fuzz::key_values`.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| idempotent_core::fuzz::key_values(data));

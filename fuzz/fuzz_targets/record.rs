@@ -1,0 +1,4 @@
+//! Fuzz target: `idempotent_core::fuzz::record`.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| idempotent_core::fuzz::record(data));
