@@ -158,3 +158,25 @@ impl Drop for LockGuard {
         }
     }
 }
+
+impl Idempotency {
+    /// A distributed lock on `key` (in the scope `lock` unless [`scope`](LockRequest::scope)
+    /// says otherwise), for a critical section inside a function: renewed by the watchdog while
+    /// held, with a fencing token and loss detection, released when its guard goes.
+    /// [`acquire`](LockRequest::acquire) takes it or fails with [`Error::Conflict`];
+    /// [`wait`](LockRequest::wait) waits for it. See [`LockGuard`].
+    pub fn lock(&self, key: impl Into<String>) -> LockRequest<'_> {
+        LockRequest::new(self, key.into())
+    }
+
+    /// Takes the lock on `key` if it is free ([`Error::Conflict`] otherwise), with the default
+    /// lease: `lock(key).acquire()`.
+    pub async fn try_lock(&self, key: impl Into<String>) -> Result<LockGuard, Error> {
+        self.lock(key).acquire().await
+    }
+
+    /// Takes the lock on `key`, waiting up to `patience` for it: `lock(key).wait(patience)`.
+    pub async fn lock_wait(&self, key: impl Into<String>, patience: Duration) -> Result<LockGuard, Error> {
+        self.lock(key).wait(patience).await
+    }
+}

@@ -318,6 +318,20 @@ fn is_tchar(c: u8) -> bool {
     c.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&c)
 }
 
+/// Fuzzing entry point (not part of the API): `data` as one `Idempotency-Key` value, parsed
+/// strictly and leniently; a key either parser returns is never empty nor over the limit.
+#[doc(hidden)]
+pub fn fuzz(data: &[u8]) {
+    let Ok(value) = HeaderValue::from_bytes(data) else { return };
+    let mut headers = http::HeaderMap::new();
+    headers.insert(IDEMPOTENCY_KEY.clone(), value);
+    for lenient in [false, true] {
+        if let Ok(key) = parse_key_with(headers.get_all(&IDEMPOTENCY_KEY), 255, lenient) {
+            assert!(!key.is_empty() && key.len() <= 255, "{key:?} from {data:?}");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -392,20 +406,6 @@ mod tests {
         for key in ["x", r#"a"b"#, r"back\slash", "spaces and ~!"] {
             let v = key_value(key).unwrap();
             assert_eq!(parse(v.as_bytes()).unwrap(), key);
-        }
-    }
-}
-
-/// Fuzzing entry point (not part of the API): `data` as one `Idempotency-Key` value, parsed
-/// strictly and leniently; a key either parser returns is never empty nor over the limit.
-#[doc(hidden)]
-pub fn fuzz(data: &[u8]) {
-    let Ok(value) = HeaderValue::from_bytes(data) else { return };
-    let mut headers = http::HeaderMap::new();
-    headers.insert(IDEMPOTENCY_KEY.clone(), value);
-    for lenient in [false, true] {
-        if let Ok(key) = parse_key_with(headers.get_all(&IDEMPOTENCY_KEY), 255, lenient) {
-            assert!(!key.is_empty() && key.len() <= 255, "{key:?} from {data:?}");
         }
     }
 }

@@ -177,6 +177,25 @@ pub struct CommitRequest<'a> {
     pub fingerprint: Option<&'a str>,
 }
 
+/// The completed record a successful body leaves, for a store that writes it together with the
+/// body's own effects (`Idempotency::run_committing`): the owner-checked transition from in
+/// progress to completed, as [`Store::commit`] would make it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Completed {
+    /// The full key.
+    pub key: String,
+    /// The owner that holds it.
+    pub owner: String,
+    /// The acquisition's fencing token.
+    pub fence: u64,
+    /// How long the completed record is kept (zero: delete it).
+    pub keep: Duration,
+    /// The encoded result, or `None` when it is not replayable.
+    pub result: Option<Vec<u8>>,
+    /// The payload's fingerprint.
+    pub fingerprint: Option<String>,
+}
+
 /// What a commit or release found.
 ///
 /// ```

@@ -7,8 +7,8 @@ use serde::Serialize;
 
 use super::{pg_error, PgStore};
 use crate::error::{Error, StoreError};
-use crate::runtime::Completed;
 use crate::store::within;
+use crate::store::Completed;
 use crate::store::{BoxFuture, Transition};
 use crate::{Call, CallContext, Idempotency};
 

@@ -1,0 +1,215 @@
+//! Storing a result: the store's commit, retried until the commit deadline and then in the
+//! background until the lease ends; a caller's own commit (`run_committing`); how long a record
+//! is kept.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::call::Call;
+use crate::codec::Encoded;
+use crate::error::StoreError;
+use crate::store::{CommitRequest, Transition};
+use crate::telemetry::{self};
+
+use super::state::Held;
+use super::{Idempotency, Inner};
+use crate::store::Completed;
+
+impl Idempotency {
+    /// Stores the result. A failed attempt is retried (a commit is safe to repeat) until the
+    /// commit deadline; past it the caller gets its value and the retries go on in the
+    /// background until the lease would have run out. A lost key or a corrupt record is logged
+    /// (the body ran, so its value is returned anyway); a store that says too few replicas have
+    /// the record fails the call, which is the caller's to know.
+    /// `Ok(true)` when the store confirmed the record; `Ok(false)` when it refused it (another
+    /// owner has the key) or the commit goes on in the background past the deadline.
+    pub(super) async fn commit(
+        &self,
+        call: &Call,
+        held: &Held,
+        encoded: Encoded,
+        lease_end: Instant,
+    ) -> Result<bool, StoreError> {
+        let key = held.context.key();
+        let result = replayable(key, encoded);
+        let keep = self.keep_for(call, held);
+        let request = CommitRequest {
+            key,
+            owner: held.context.owner(),
+            fence: held.context.fence(),
+            keep,
+            result: result.as_deref(),
+            fingerprint: held.fingerprint.as_deref(),
+        };
+        // The common case, inline and without copying anything.
+        let generation = self.inner.cache_generation();
+        let sent = Instant::now();
+        let first = match self.inner.store.commit(request).await {
+            Err(e) if e.may_succeed_later() => e,
+            outcome => return self.inner.committed(&request, outcome, sent, generation),
+        };
+        tracing::warn!(key = %telemetry::logged_key(key), error = %first, "idempotency commit failed; retrying");
+        let pending = PendingCommit {
+            key: key.to_owned(),
+            owner: held.context.owner().to_owned(),
+            fence: held.context.fence(),
+            keep,
+            result,
+            fingerprint: held.fingerprint.clone(),
+        };
+        // A retry's cached copy still ends `keep` after this first send: the record may have
+        // been written by it, whatever the retry that confirms it finds.
+        let mut retries = Box::pin(self.inner.clone().retry_commit(pending, lease_end, sent, generation));
+        // The deadline counts from the first attempt, not from its failure.
+        match tokio::time::timeout_at(sent + self.inner.commit_deadline, &mut retries).await {
+            Ok(outcome) => outcome,
+            Err(_) => {
+                tracing::warn!(
+                    key = %telemetry::logged_key(key),
+                    deadline = ?self.inner.commit_deadline,
+                    "idempotency result not stored within the commit deadline; the caller gets its value, \
+                     storing goes on in the background until the lease would end"
+                );
+                if let Some(slot) = crate::store::background::slot("commit") {
+                    tokio::spawn(async move {
+                        let _slot = slot;
+                        retries.await
+                    });
+                }
+                Ok(false)
+            }
+        }
+    }
+}
+
+impl Idempotency {
+    /// How long the completed record is kept: the call's `keep`, and in token mode at least until
+    /// the token expires.
+    pub(super) fn keep_for(&self, call: &Call, held: &Held) -> Duration {
+        let keep = call.keep.unwrap_or(self.inner.keep);
+        match held.token_expires {
+            // A used token stays used until it expires, whatever `keep` says: its record lives
+            // until then, plus the clock skew allowed between machines.
+            Some(expires) => {
+                let left = expires.duration_since(self.inner.token_clock.now()).unwrap_or_default();
+                keep.max(left.saturating_add(self.inner.token_skew)).min(crate::MAX_DURATION)
+            }
+            None => keep,
+        }
+    }
+
+    /// The completed record of a call, owned, for a store that writes it itself.
+    pub(super) fn completed(&self, call: &Call, held: &Held, encoded: Encoded) -> Completed {
+        let key = held.context.key();
+        Completed {
+            key: key.to_owned(),
+            owner: held.context.owner().to_owned(),
+            fence: held.context.fence(),
+            keep: self.keep_for(call, held),
+            result: replayable(key, encoded),
+            fingerprint: held.fingerprint.clone(),
+        }
+    }
+}
+
+/// The bytes to store, or `None` for a result kept as not replayable (logged).
+pub(super) fn replayable(key: &str, encoded: Encoded) -> Option<Vec<u8>> {
+    match encoded {
+        Encoded::Replayable(bytes) => Some(bytes),
+        Encoded::NotReplayable(why) => {
+            tracing::warn!(key = %telemetry::logged_key(key), why = %why, "idempotency result stored as not replayable");
+            None
+        }
+    }
+}
+
+/// How a successful body's record is written: by the store's own commit, or by the caller's
+/// ([`Idempotency::run_committing`]).
+pub(super) enum CommitWith<C> {
+    Store,
+    Custom(C),
+}
+
+/// The commit type of a call that commits through the store.
+pub(super) type NoCommit = fn((), Completed) -> std::future::Ready<Result<Transition, StoreError>>;
+
+/// A commit to retry, owning what it stores (it may outlive the call).
+pub(super) struct PendingCommit {
+    key: String,
+    owner: String,
+    fence: u64,
+    keep: Duration,
+    result: Option<Vec<u8>>,
+    fingerprint: Option<String>,
+}
+
+impl Inner {
+    /// What a commit's outcome means for the caller: `Done` fills the replay cache (until `keep`
+    /// after the first commit of this result was sent: never past the record's end, whichever
+    /// attempt wrote it; unless a purge came since `generation`), a lost key or corrupt record is
+    /// logged, a store error is returned.
+    pub(super) fn committed(
+        &self,
+        request: &CommitRequest<'_>,
+        outcome: Result<Transition, StoreError>,
+        first_sent: Instant,
+        generation: u64,
+    ) -> Result<bool, StoreError> {
+        let key = request.key;
+        match outcome? {
+            Transition::Done => {
+                if let Some(bytes) = request.result {
+                    self.cache_put(key, request.fingerprint, bytes, first_sent + request.keep, generation);
+                }
+                Ok(true)
+            }
+            Transition::Lost => {
+                tracing::warn!(key = %telemetry::logged_key(key), "idempotency result not stored: another owner holds the key");
+                Ok(false)
+            }
+            Transition::Corrupt { reason } => {
+                tracing::warn!(key = %telemetry::logged_key(key), reason = %reason, "idempotency result not stored: the key is corrupt");
+                Ok(false)
+            }
+        }
+    }
+
+    /// Retries a failed commit with backoff until it is stored, the store refuses it, or the
+    /// lease would have run out (at least three attempts).
+    pub(super) async fn retry_commit(
+        self: Arc<Self>,
+        pending: PendingCommit,
+        lease_end: Instant,
+        first_sent: Instant,
+        generation: u64,
+    ) -> Result<bool, StoreError> {
+        let request = CommitRequest {
+            key: &pending.key,
+            owner: &pending.owner,
+            fence: pending.fence,
+            keep: pending.keep,
+            result: pending.result.as_deref(),
+            fingerprint: pending.fingerprint.as_deref(),
+        };
+        let until = Instant::now().max(lease_end);
+        let mut backoff = Duration::from_millis(25);
+        for attempt in 2u32.. {
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(1));
+            match self.store.commit(request).await {
+                Err(e) if e.may_succeed_later() => {
+                    if attempt >= 3 && Instant::now() + backoff >= until {
+                        // The body ran: its caller gets its value; a duplicate may run it again.
+                        tracing::warn!(key = %telemetry::logged_key(&pending.key), error = %e, attempt, "idempotency result not stored: the store failed until the lease ran out");
+                        return Ok(false);
+                    }
+                    tracing::debug!(key = %telemetry::logged_key(&pending.key), error = %e, attempt, "idempotency commit failed; retrying");
+                }
+                outcome => return self.committed(&request, outcome, first_sent, generation),
+            }
+        }
+        unreachable!("the attempts run out before the counter does")
+    }
+}
