@@ -43,6 +43,7 @@ mod layer;
 /// Problem details: the runtime's own (`idempotency::problem`), shared with `Error`'s
 /// `IntoResponse`.
 pub use idempotent_core::problem;
+mod policy;
 mod service;
 mod stored;
 mod token;
@@ -53,10 +54,10 @@ pub use header::IDEMPOTENCY_KEY;
 /// ([`MAX_KEY_BYTES`](idempotent_core::MAX_KEY_BYTES)), the other half for the layer's scope and
 /// client.
 pub const MAX_HEADER_KEY_BYTES: usize = idempotent_core::MAX_KEY_BYTES / 2;
-pub use layer::{
-    stored_by_default, ClientScope, IdempotencyLayer, KeyMode, Ran, StorePredicate, TokenGuard,
-    DEFAULT_MAX_REQUEST_BYTES, DEFAULT_REPLAY_HEADER, DEFAULT_TOKEN_PATH, DEFAULT_TOKEN_TTL,
-    REJECTED_BEFORE_THE_HANDLER,
+pub use layer::IdempotencyLayer;
+pub use policy::{
+    stored_by_default, ClientScope, KeyMode, Ran, StorePredicate, TokenGuard, DEFAULT_MAX_REQUEST_BYTES,
+    DEFAULT_REPLAY_HEADER, DEFAULT_TOKEN_PATH, DEFAULT_TOKEN_TTL, REJECTED_BEFORE_THE_HANDLER,
 };
 pub use service::IdempotencyService;
 pub use stored::{StoredResponse, MEANING_HEADERS};

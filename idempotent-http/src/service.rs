@@ -11,12 +11,11 @@ use bytes::Bytes;
 use http::{request, response, Request, Response};
 use http_body::Body as HttpBody;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use idempotent_core::telemetry::logged_error;
 use idempotent_core::{Call, Error};
 use tower_service::Service;
 
 use crate::header::{parse_key_with, KeyError, IDEMPOTENCY_KEY};
-use crate::layer::{KeyMode, Policy, Ran};
+use crate::policy::{problem_for, KeyMode, Policy, Ran};
 use crate::problem::{Problem, ProblemKind};
 use crate::stored::StoredResponse;
 
@@ -266,29 +265,6 @@ fn prepare(policy: &Policy, parts: &request::Parts) -> Result<Option<Call>, Prob
         call = call.keep(keep);
     }
     Ok(Some(call))
-}
-
-/// The problem answering a runtime error: the runtime's mapping
-/// ([`Problem::for_error`]), with the token endpoint named for an invalid token.
-pub(crate) fn problem_for(policy: &Policy, e: &Error) -> Problem {
-    match e {
-        Error::InvalidToken { .. } => Problem::new(
-            ProblemKind::InvalidToken,
-            format!(
-                "the key is not a token issued to this client, or it expired; get a new one with POST {}",
-                policy.token_path
-            ),
-        ),
-        Error::Store { .. } | Error::Unconfirmed { .. } => {
-            tracing::warn!(error = %logged_error(e), "idempotency store failed; request answered with 503");
-            Problem::for_error(e)
-        }
-        Error::Codec { .. } | Error::Corrupt { .. } | Error::NotConfigured { .. } => {
-            tracing::error!(error = %logged_error(e), "idempotency layer failed");
-            Problem::for_error(e)
-        }
-        other => Problem::for_error(other),
-    }
 }
 
 #[cfg(test)]

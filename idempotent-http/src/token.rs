@@ -14,7 +14,7 @@ use http::{request, Response, StatusCode};
 use serde::{Deserialize, Serialize};
 
 use crate::layer::IdempotencyLayer;
-use crate::service::problem_for;
+use crate::policy::problem_for;
 
 /// The token endpoint's answer: `{"token": "...", "expires_in": 3600}`. The client sends the
 /// token back as its `Idempotency-Key` (`Idempotency-Key: "<token>"`).
