@@ -25,7 +25,8 @@ fn shared() -> &'static RedisCluster {
     tokio::task::block_in_place(RedisCluster::shared)
 }
 
-/// Every key of `prefix` on the primary on `port`.
+/// Every key of `prefix` on the primary on `port`, but the token secret the store keeps beside
+/// the records (`<prefix>:token-secret`, written when a store connects).
 fn keys_on(port: u16, prefix: &str) -> Vec<String> {
     let mut keys = Vec::new();
     let mut cursor = String::from("0");
@@ -36,6 +37,8 @@ fn keys_on(port: u16, prefix: &str) -> Vec<String> {
         cursor = lines.next().expect("a cursor").to_owned();
         keys.extend(lines.map(str::to_owned));
         if cursor == "0" {
+            let secret = format!("{prefix}:token-secret");
+            keys.retain(|k| !k.starts_with(&secret));
             return keys;
         }
     }

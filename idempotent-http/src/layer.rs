@@ -33,7 +33,7 @@ use crate::service::IdempotencyService;
 /// | key header | a Structured Field string, `"..."` (400 otherwise) | [`lenient_header`](Self::lenient_header) |
 /// | key length | 255 bytes | [`max_key_bytes`](Self::max_key_bytes) |
 /// | in flight | 409 at once | [`wait_in_flight`](Self::wait_in_flight) |
-/// | stored responses | all but 5xx and the statuses frameworks answer before a handler runs ([`stored_by_default`]); a response with [`Ran`] always | [`store_if`](Self::store_if) |
+/// | stored responses | all but 5xx and the statuses frameworks answer before a handler runs ([`stored_by_default`]); a response with [`Ran`](crate::Ran) always | [`store_if`](Self::store_if) |
 /// | stored headers | `Content-Location`, `Location`, `ETag`, `Last-Modified`, and always the [`MEANING_HEADERS`](crate::MEANING_HEADERS) (`Content-Type`, `Content-Encoding`, `Content-Language`, `Content-Disposition`, `Content-Range`, `Vary`, `Cache-Control`) | [`store_headers`](Self::store_headers) |
 /// | replay marker | `Idempotent-Replayed: true` | [`replay_header`](Self::replay_header) |
 /// | request body read | 1 MiB (413 over) | [`max_request_bytes`](Self::max_request_bytes) |
@@ -184,7 +184,7 @@ impl IdempotencyLayer {
     /// Which responses are stored, by status (default: [`stored_by_default`], all but 5xx and
     /// the statuses frameworks answer before a handler runs). A response not stored is passed to
     /// the client as it is and releases the key, so that a retry runs the handler again (in
-    /// token mode the token becomes usable again). A response carrying [`Ran`] is stored
+    /// token mode the token becomes usable again). A response carrying [`Ran`](crate::Ran) is stored
     /// whatever this says.
     ///
     /// ```

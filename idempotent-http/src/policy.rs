@@ -20,7 +20,7 @@ pub const DEFAULT_MAX_REQUEST_BYTES: usize = 1 << 20;
 /// How long an issued token stays valid by default: one hour.
 pub const DEFAULT_TOKEN_TTL: Duration = Duration::from_secs(3600);
 
-/// Where [`IdempotencyLayer::token_router`] serves tokens by default.
+/// Where [`IdempotencyLayer::token_router`](crate::IdempotencyLayer::token_router) serves tokens by default.
 pub const DEFAULT_TOKEN_PATH: &str = "/idempotent/token";
 
 /// What a guarded request must carry in its `Idempotency-Key` header.
@@ -46,10 +46,10 @@ pub enum KeyMode {
     Token,
 }
 
-/// Picks the client a request comes from; see [`IdempotencyLayer::per_client`].
+/// Picks the client a request comes from; see [`IdempotencyLayer::per_client`](crate::IdempotencyLayer::per_client).
 pub type ClientScope = Arc<dyn Fn(&request::Parts) -> Option<String> + Send + Sync>;
 
-/// Decides from the status whether a response is stored; see [`IdempotencyLayer::store_if`].
+/// Decides from the status whether a response is stored; see [`IdempotencyLayer::store_if`](crate::IdempotencyLayer::store_if).
 pub type StorePredicate = Arc<dyn Fn(StatusCode) -> bool + Send + Sync>;
 
 /// The settings of a layer, shared by its services.
@@ -74,7 +74,7 @@ pub(crate) struct Policy {
     pub(crate) token_guard: Option<TokenGuard>,
 }
 
-/// What runs before a token is issued; see [`IdempotencyLayer::token_guard`].
+/// What runs before a token is issued; see [`IdempotencyLayer::token_guard`](crate::IdempotencyLayer::token_guard).
 pub type TokenGuard = Arc<dyn Fn(&request::Parts) -> Option<http::Response<axum::body::Body>> + Send + Sync>;
 
 impl Policy {

@@ -25,6 +25,8 @@ use crate::error::StoreError;
 
 pub(crate) mod background;
 mod channels;
+#[cfg(any(feature = "redis", feature = "postgres"))]
+pub(crate) mod credentials;
 mod expiry;
 mod future;
 pub mod memory;

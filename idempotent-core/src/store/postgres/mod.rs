@@ -22,10 +22,17 @@ use super::{
 };
 use crate::error::{StoreError, StoreErrorKind};
 
+mod builder;
+mod flights;
 mod listen;
+mod rows;
 mod sql;
 mod transaction;
 
+pub use builder::PgStoreBuilder;
+use flights::{Failed, Flights};
+use rows::{fence_param, found, millis, record_state, view};
+pub(crate) use rows::{stored, unstored};
 pub use sqlx;
 pub use transaction::PgTransaction;
 
@@ -93,62 +100,7 @@ impl Drop for Inner {
     }
 }
 
-/// Configures and connects a [`PgStore`].
-#[must_use]
-pub struct PgStoreBuilder {
-    options: Result<PgConnectOptions, StoreError>,
-    /// The URL, password masked, for errors.
-    shown: String,
-    schema: String,
-    table: String,
-    timeout: Duration,
-    connect_timeout: Duration,
-    pool_size: u32,
-    reap_every: Duration,
-    reap_batch: u32,
-    application_name: String,
-    transaction_statement_timeout: Option<Duration>,
-    migrate: bool,
-}
-
 impl PgStore {
-    /// Connects to the database at `url` (`postgres://user:password@host:port/db?...`, libpq's
-    /// forms as sqlx reads them) with the default settings: table `public.idempotency`, a 2 s
-    /// bound on every call. The table must exist (see [`PgStoreBuilder::migrate`]).
-    pub async fn connect(url: &str) -> Result<PgStore, StoreError> {
-        Self::builder(url).connect().await
-    }
-
-    /// A builder for a store on the database at `url`.
-    pub fn builder(url: &str) -> PgStoreBuilder {
-        let shown = masked(url);
-        let options = url.parse::<PgConnectOptions>().map_err(|e| {
-            StoreError::new(
-                StoreErrorKind::Config,
-                format!("{shown} is not a PostgreSQL URL: {}", scrub(&e.to_string(), url)),
-            )
-        });
-        Self::from_options(options).shown(shown)
-    }
-
-    /// A builder for a store connecting with sqlx's options (for settings a URL cannot carry).
-    pub fn from_options(options: impl Into<Result<PgConnectOptions, StoreError>>) -> PgStoreBuilder {
-        PgStoreBuilder {
-            options: options.into(),
-            shown: "the configured database".to_owned(),
-            schema: DEFAULT_SCHEMA.to_owned(),
-            table: DEFAULT_TABLE.to_owned(),
-            timeout: Duration::from_secs(2),
-            connect_timeout: Duration::from_secs(5),
-            pool_size: 10,
-            reap_every: Duration::from_secs(10),
-            reap_batch: 1000,
-            application_name: "idempotency".to_owned(),
-            transaction_statement_timeout: None,
-            migrate: false,
-        }
-    }
-
     /// The connection pool, for queries of your own next to the store's (its sessions carry the
     /// store's `statement_timeout`).
     pub fn pool(&self) -> &PgPool {
@@ -172,7 +124,7 @@ impl PgStore {
     /// `table`, as [`PgStoreBuilder::migrate`] runs it: for migration tools of your own. Both
     /// names must be plain identifiers.
     pub fn schema_sql(schema: &str, table: &str) -> Result<String, StoreError> {
-        check_names(schema, table)?;
+        builder::check_names(schema, table)?;
         Ok(Statements::new(schema, table).migrate)
     }
 
@@ -477,206 +429,6 @@ enum Removed {
     Other,
 }
 
-/// A failed acquire, and whether its statement may still land (it was sent, and no answer
-/// says it failed).
-struct Failed {
-    error: StoreError,
-    maybe_landed: bool,
-}
-
-impl Failed {
-    fn unsent(error: StoreError) -> Failed {
-        Failed { error, maybe_landed: false }
-    }
-}
-
-/// Acquires in flight, by owner, and acquires that failed in a way that may still land, until
-/// their callers abandon them.
-#[derive(Default)]
-struct Flights {
-    map: Mutex<HashMap<String, Flight>>,
-}
-
-#[derive(Debug, Clone, Copy)]
-enum Flight {
-    /// The statement runs; `abandoned` once its caller gave up.
-    Running { abandoned: bool },
-    /// It failed and may still land: `abandon` releases until the row shows up or the lease
-    /// has passed. When it was noted, to bound how long unclaimed notes stay.
-    MayLand(Instant),
-}
-
-/// Notes of failed acquires kept beyond this many are dropped when older than a minute (their
-/// callers never abandoned them: not the runtime).
-const MAX_NOTES: usize = 1024;
-
-impl Flights {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Flight>> {
-        self.map.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn start(&self, owner: &str) {
-        self.lock().insert(owner.to_owned(), Flight::Running { abandoned: false });
-    }
-
-    /// The acquire of `owner` is done; whether its caller had abandoned it. A failed one that may
-    /// still land is noted for `abandon`.
-    fn finish(&self, owner: &str, maybe_landed: bool) -> bool {
-        let mut map = self.lock();
-        let abandoned = matches!(map.remove(owner), Some(Flight::Running { abandoned: true }));
-        if maybe_landed && !abandoned {
-            if map.len() >= MAX_NOTES {
-                map.retain(|_, f| !matches!(f, Flight::MayLand(at) if at.elapsed() > Duration::from_secs(60)));
-            }
-            map.insert(owner.to_owned(), Flight::MayLand(Instant::now()));
-        }
-        abandoned
-    }
-
-    /// The caller gave up on `owner`: `Some(may_land_later)` when the store must release now,
-    /// `None` when the acquire's task will (it still runs).
-    fn abandon(&self, owner: &str) -> Option<bool> {
-        let mut map = self.lock();
-        match map.get_mut(owner) {
-            Some(Flight::Running { abandoned }) => {
-                *abandoned = true;
-                None
-            }
-            Some(Flight::MayLand(_)) => {
-                map.remove(owner);
-                Some(true)
-            }
-            None => Some(false),
-        }
-    }
-}
-
-/// What the acquire statement's row says; `None` when it must run again.
-fn found(row: Option<&PgRow>, will_wait: bool) -> Result<Option<AcquireOutcome>, StoreError> {
-    let Some(row) = row else { return Ok(None) };
-    let get_err = |e| pg_error("acquire", e);
-    let found: &str = row.try_get("found").map_err(get_err)?;
-    let fingerprint = || row.try_get::<Option<String>, _>("fingerprint").map_err(get_err);
-    let left = || row.try_get::<i64, _>("left_ms").map(|ms| Duration::from_millis(ms.max(0) as u64)).map_err(get_err);
-    Ok(Some(match found {
-        "A" => match row.try_get::<Option<i64>, _>("fence").map_err(get_err)? {
-            Some(fence) => AcquireOutcome::Acquired { fence: fence as u64 },
-            None => return Ok(None),
-        },
-        "P" => {
-            let watched: bool = row.try_get("watched").map_err(get_err)?;
-            let marked: i64 = row.try_get("marked").map_err(get_err)?;
-            // The caller will wait, and the row was not marked: it changed meanwhile (committed,
-            // say), and its holder would not notify. Look again.
-            if will_wait && !watched && marked == 0 {
-                return Ok(None);
-            }
-            AcquireOutcome::InProgress { fingerprint: fingerprint()?, lease_left: left()? }
-        }
-        "C" => AcquireOutcome::Completed {
-            fingerprint: fingerprint()?,
-            result: row.try_get::<Option<Vec<u8>>, _>("result").map_err(get_err)?,
-            kept_for: left()?,
-        },
-        _ => return Ok(None),
-    }))
-}
-
-fn record_state(state: &str) -> RecordState {
-    if state == "P" {
-        RecordState::InProgress
-    } else {
-        RecordState::Completed
-    }
-}
-
-/// A row of `inspect` or `scan` as operators see it.
-fn view(row: &PgRow) -> Result<RecordView, sqlx::Error> {
-    let state = record_state(row.try_get("state")?);
-    let owner: Option<String> = row.try_get("owner")?;
-    let result: Option<Vec<u8>> = row.try_get("result")?;
-    let left: i64 = row.try_get("left_ms")?;
-    Ok(RecordView {
-        key: unstored(row.try_get("key")?).into_owned(),
-        state,
-        fence: row.try_get::<Option<i64>, _>("fence")?.map(|f| f as u64),
-        started_ms: owner.as_deref().and_then(crate::ids::started_ms),
-        owner,
-        stored_ms: row.try_get::<Option<i64>, _>("stored_ms")?.map(|ms| ms as u64),
-        ttl: Some(Duration::from_millis(left.max(0) as u64)),
-        fingerprint: row.try_get("fingerprint")?,
-        watched: row.try_get("watched")?,
-        replayable: state == RecordState::Completed && result.is_some(),
-        result,
-    })
-}
-
-/// A full key as the table keeps it: PostgreSQL's `text` cannot hold NUL, so NUL is written `\0`
-/// and a backslash `\\` (an escape that keeps distinct keys distinct and prefixes prefixes).
-pub(crate) fn stored(key: &str) -> Cow<'_, str> {
-    if !key.contains(['\\', '\0']) {
-        return Cow::Borrowed(key);
-    }
-    Cow::Owned(key.replace('\\', "\\\\").replace('\0', "\\0"))
-}
-
-/// The full key of a stored one (see [`stored`]).
-pub(crate) fn unstored(key: &str) -> Cow<'_, str> {
-    if !key.contains('\\') {
-        return Cow::Borrowed(key);
-    }
-    let mut out = String::with_capacity(key.len());
-    let mut chars = key.chars();
-    while let Some(c) = chars.next() {
-        match (c, c == '\\') {
-            (_, true) => match chars.next() {
-                Some('0') => out.push('\0'),
-                Some(other) => out.push(other),
-                None => out.push('\\'),
-            },
-            (c, false) => out.push(c),
-        }
-    }
-    Cow::Owned(out)
-}
-
-fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
-
-/// A fencing token as the `bigint` the table keeps (tokens come from a `bigint` sequence).
-fn fence_param(fence: u64) -> i64 {
-    i64::try_from(fence).unwrap_or(i64::MAX)
-}
-
-/// The token secrets every runtime on the table shares (see `Store::token_secrets`): the current
-/// one, created by the first store that connects (`ON CONFLICT DO NOTHING`, so that racing
-/// processes agree on one), and the previous one if a rotation left it, from the table beside the
-/// records (`<table>_secret`, made by `migrate`). Without that table (a schema made by hand from an
-/// older `schema_sql`) or its permissions, none: runtimes then sign with keys of their own, and a
-/// warning says so.
-async fn shared_token_secrets(conn: &mut sqlx::PgConnection, schema: &str, table: &str) -> Vec<Vec<u8>> {
-    let secrets = format!("\"{schema}\".\"{table}_secret\"");
-    let insert = format!("INSERT INTO {secrets} (name, secret) VALUES ('token', $1) ON CONFLICT (name) DO NOTHING");
-    let select = format!("SELECT secret FROM {secrets} WHERE name IN ('token', 'token:previous') ORDER BY name");
-    let read = async {
-        sqlx::query(&insert).bind(crate::token::TokenKeys::fresh_secret()).execute(&mut *conn).await?;
-        sqlx::query_scalar::<_, String>(&select).fetch_all(&mut *conn).await
-    };
-    match read.await {
-        Ok(found) => found.iter().filter_map(|s| crate::token::TokenKeys::decode_secret(s)).collect(),
-        Err(e) => {
-            tracing::warn!(
-                table = %secrets,
-                error = %pg_error("token secret", e),
-                "idempotency store: cannot read or create the shared token secret; this process signs tokens \
-                 with a key of its own, which other instances refuse (migrate, or give every instance the same TokenKeys)"
-            );
-            Vec::new()
-        }
-    }
-}
-
 /// An sqlx error as a store error, with the kind a caller can act on.
 pub(crate) fn pg_error(op: &str, e: sqlx::Error) -> StoreError {
     use sqlx::Error as E;
@@ -712,188 +464,6 @@ pub(crate) fn pg_error(op: &str, e: sqlx::Error) -> StoreError {
         _ => StoreErrorKind::Reply,
     };
     StoreError::new(kind, format!("{op}: {e}")).with_source(e)
-}
-
-/// `url` with its password replaced by `***`, for errors and `Debug`.
-fn masked(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, path) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split_once(':').map_or(userinfo, |(user, _)| user);
-            let hidden = if userinfo.contains(':') { ":***" } else { "" };
-            // A password may also come as a parameter.
-            let path = match path.find("password=") {
-                Some(at) => format!("{}password=***", &path[..at]),
-                None => path.to_owned(),
-            };
-            format!("{scheme}://{user}{hidden}@{host}{path}")
-        }
-        None => match path.find("password=") {
-            Some(at) => format!("{scheme}://{authority}{}password=***", &path[..at]),
-            None => url.to_owned(),
-        },
-    }
-}
-
-/// `message` with any password of `url` replaced by `***`.
-fn scrub(message: &str, url: &str) -> String {
-    let Some((_, rest)) = url.split_once("://") else { return message.to_owned() };
-    let authority = rest.split(['/', '?']).next().unwrap_or("");
-    match authority.rsplit_once('@').and_then(|(userinfo, _)| userinfo.split_once(':')) {
-        Some((_, password)) if !password.is_empty() => message.replace(password, "***"),
-        _ => message.to_owned(),
-    }
-}
-
-fn check_names(schema: &str, table: &str) -> Result<(), StoreError> {
-    let config = |m: String| StoreError::new(StoreErrorKind::Config, m);
-    sql::check_identifier("schema", schema).map_err(config)?;
-    sql::check_identifier("table", table).map_err(config)?;
-    if schema.len() + table.len() > sql::MAX_NAME_BYTES {
-        return Err(config(format!(
-            "schema {schema:?} and table {table:?} have more than {} bytes together",
-            sql::MAX_NAME_BYTES
-        )));
-    }
-    Ok(())
-}
-
-impl PgStoreBuilder {
-    fn shown(mut self, shown: String) -> Self {
-        self.shown = shown;
-        self
-    }
-
-    /// The schema of the records table (default `public`): a plain identifier.
-    pub fn schema(mut self, schema: impl Into<String>) -> Self {
-        self.schema = schema.into();
-        self
-    }
-
-    /// The records table's name (default `idempotency`): a plain identifier (lower-case ASCII
-    /// letters, digits, underscores); with the schema's, at most 52 bytes.
-    pub fn table(mut self, table: impl Into<String>) -> Self {
-        self.table = table.into();
-        self
-    }
-
-    /// The bound on every store call (default 2 s): each statement runs under this
-    /// `statement_timeout`, and the client gives up after it too; past it the call fails with a
-    /// store error of kind `Timeout`.
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
-
-    /// The bound on connecting, checking the table and migrating (default 5 s).
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// The most connections the store's pool opens (default 10, at least 1); a transactional body
-    /// holds one for its transaction. Besides the pool, the store keeps connections of its own
-    /// that bodies never take: two for renewals and releases, one for `LISTEN` (waiters and
-    /// replay caches), so that a pool full of running bodies never starves a lease's renewal, a
-    /// release, or the commit of a caller whose waiters are woken by notification.
-    pub fn pool_size(mut self, size: u32) -> Self {
-        self.pool_size = size.max(1);
-        self
-    }
-
-    /// How often expired records are deleted, and how many at most at a time (defaults: every
-    /// 10 s, 1000; again at once while a batch comes back full). Expired records are treated as
-    /// absent by every statement whether reaped or not. A zero interval turns the reaper off
-    /// (another process, or a job of yours, reaps).
-    pub fn reap(mut self, every: Duration, batch: u32) -> Self {
-        self.reap_every = every;
-        self.reap_batch = batch.max(1);
-        self
-    }
-
-    /// The `application_name` of the store's sessions (default `idempotency`), as
-    /// `pg_stat_activity` shows them.
-    pub fn application_name(mut self, name: impl Into<String>) -> Self {
-        self.application_name = name.into();
-        self
-    }
-
-    /// The `statement_timeout` of a transactional body's own statements (default: none; the
-    /// store's own timeout bounds the store's statements only).
-    pub fn transaction_statement_timeout(mut self, timeout: Duration) -> Self {
-        self.transaction_statement_timeout = Some(timeout);
-        self
-    }
-
-    /// Creates the records table (with its sequence and index) at connect where it is missing,
-    /// instead of failing. Safe with several processes starting at once.
-    pub fn migrate(mut self) -> Self {
-        self.migrate = true;
-        self
-    }
-
-    /// Connects: opens a first connection, migrates if asked, and checks the records table is
-    /// there; all of it within the connect timeout. An unreachable database, refused
-    /// credentials or a missing table are errors now, not at the first call.
-    pub async fn connect(self) -> Result<PgStore, StoreError> {
-        check_names(&self.schema, &self.table)?;
-        let shown = self.shown.clone();
-        let named = |e: StoreError| e.prefixed(&shown);
-        let options = self
-            .options
-            .map_err(named)?
-            .application_name(&self.application_name)
-            .options([("statement_timeout", millis(self.timeout).to_string())]);
-        let side = |connections: u32| {
-            PoolOptions::<Postgres>::new()
-                .max_connections(connections)
-                .min_connections(0)
-                // Below the call's own bound, so that a database that cannot be reached is
-                // reported as such rather than as a timeout.
-                .acquire_timeout(self.timeout.mul_f64(0.8))
-        };
-        let pool: PgPool = side(self.pool_size).connect_lazy_with(options.clone());
-        let control: PgPool = side(CONTROL_CONNECTIONS).connect_lazy_with(options.clone());
-        let listen_pool: PgPool = side(1).max_lifetime(None).idle_timeout(None).connect_lazy_with(options);
-        let sql = Statements::new(&self.schema, &self.table);
-        let table = format!("\"{}\".\"{}\"", self.schema, self.table);
-        let ready = async {
-            let mut conn = pool.acquire().await.map_err(|e| pg_error("connect", e))?;
-            if self.migrate {
-                sqlx::raw_sql(&sql.migrate).execute(&mut *conn).await.map_err(|e| pg_error("migrate", e))?;
-            }
-            let check = format!("SELECT 1 FROM {table} LIMIT 0");
-            sqlx::query(&check).execute(&mut *conn).await.map_err(|e| pg_error("check the records table", e))?;
-            Ok(shared_token_secrets(&mut conn, &self.schema, &self.table).await)
-        };
-        // The connect timeout bounds everything, including the pool's own wait for a connection.
-        let connected = tokio::time::timeout(self.connect_timeout, ready).await;
-        let token_secrets = match connected {
-            Ok(Ok(secrets)) => secrets,
-            Ok(Err(e)) => return Err(named(e)),
-            Err(_) => return Err(named(StoreError::timeout("connect", self.connect_timeout))),
-        };
-        let begin = match self.transaction_statement_timeout {
-            Some(t) => format!("BEGIN; SET LOCAL statement_timeout = {}", millis(t)),
-            None => "BEGIN; SET LOCAL statement_timeout = 0".to_owned(),
-        };
-        let inner = Arc::new_cyclic(|weak| Inner {
-            pool,
-            control,
-            listen_pool,
-            sql,
-            table,
-            timeout: self.timeout,
-            begin,
-            flights: Flights::default(),
-            listener: OnceCell::new(),
-            token_secrets,
-            reaper: (!self.reap_every.is_zero()).then(|| start_reaper(weak.clone(), self.reap_every, self.reap_batch)),
-        });
-        Ok(PgStore { inner })
-    }
 }
 
 impl Store for PgStore {
@@ -957,18 +527,6 @@ impl Store for PgStore {
     }
 }
 
-impl std::fmt::Debug for PgStoreBuilder {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PgStoreBuilder")
-            .field("database", &self.shown)
-            .field("schema", &self.schema)
-            .field("table", &self.table)
-            .field("timeout", &self.timeout)
-            .field("pool_size", &self.pool_size)
-            .finish_non_exhaustive()
-    }
-}
-
 impl std::fmt::Debug for PgStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PgStore")
@@ -980,6 +538,7 @@ impl std::fmt::Debug for PgStore {
 
 #[cfg(test)]
 mod tests {
+    use super::builder::{check_names, masked, scrub};
     use super::*;
 
     #[test]

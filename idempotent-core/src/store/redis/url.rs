@@ -62,62 +62,19 @@ pub(crate) fn parse(url: &str) -> Result<StoreUrl, StoreError> {
 }
 
 /// `url` with the password in its user info (`scheme://user:password@host`) replaced by `***`,
-/// and `sentinelPassword=...` too; anything that does not parse is cut at its user info. The user
-/// info runs from `://` to the last `@`: a password may hold `/`, `?`, `#`, `@` or `:` unencoded
-/// (base64 secrets have `/`), and when it holds any of the first three, everything between `://`
-/// and the last `@` is masked, the user name too.
+/// and `sentinelPassword=...` too, whatever characters they hold (see `store::credentials`).
 pub(crate) fn masked(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return if url.contains('@') { "<a URL with credentials>".to_owned() } else { url.to_owned() };
-    };
-    let (userinfo, after) = match rest.rfind('@') {
-        Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
-        None => (None, rest),
-    };
-    let userinfo = match userinfo {
-        None => String::new(),
-        Some(info) if info.contains(['/', '?', '#']) => "***@".to_owned(),
-        Some(info) => match info.split_once(':') {
-            Some((user, _password)) => format!("{user}:***@"),
-            None => format!("{info}@"),
-        },
-    };
-    let tail = match after.find("sentinelPassword=") {
-        Some(at) => {
-            let value = at + "sentinelPassword=".len();
-            let end = after[value..].find('&').map_or(after.len(), |e| value + e);
-            format!("{}***{}", &after[..value], &after[end..])
-        }
-        None => after.to_owned(),
-    };
-    format!("{scheme}://{userinfo}{tail}")
+    crate::store::credentials::masked(url, &["sentinelPassword"])
 }
 
 /// `message` with every password of `url` in it replaced by `***`.
 pub(crate) fn scrub(message: &str, url: &str) -> String {
-    let mut out = message.to_owned();
-    for secret in secrets(url) {
-        if !secret.is_empty() {
-            out = out.replace(&secret, "***");
-        }
-    }
-    out
+    crate::store::credentials::scrub(message, secrets(url))
 }
 
 /// The passwords a URL carries (user info, `sentinelPassword`), as written and decoded.
 fn secrets(url: &str) -> Vec<String> {
-    let mut found = Vec::new();
-    // As written, whatever it holds: from the first `:` after `://` (or `://` itself) to the last
-    // `@`, so that a password that keeps the URL from parsing is scrubbed too.
-    if let Some((_, rest)) = url.split_once("://") {
-        if let Some(at) = rest.rfind('@') {
-            let info = &rest[..at];
-            found.push(info.split_once(':').map_or(info, |(_, password)| password).to_owned());
-            if info.contains(['/', '?', '#']) {
-                found.push(info.to_owned());
-            }
-        }
-    }
+    let mut found = crate::store::credentials::secrets(url, &["sentinelPassword"]);
     if let Ok(parsed) = url::Url::parse(url) {
         if let Some(password) = parsed.password() {
             found.push(password.to_owned());
