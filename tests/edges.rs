@@ -309,3 +309,66 @@ async fn runtimes_on_one_store_take_each_others_tokens_by_default(backend: Backe
     let forged: R<u32> = fleet[0].run(Call::token("A".repeat(56)), || async { Ok(9) }).await;
     assert!(matches!(forged, Err(AppError::Idem(Error::InvalidToken { .. }))), "{forged:?}");
 }
+
+/// A memory store whose first commit lands but whose reply is lost, and an operator forgets the
+/// record before the runtime sends the commit again.
+struct ForgottenBetweenCommits(MemoryStore, AtomicUsize);
+
+impl Store for ForgottenBetweenCommits {
+    fn acquire<'a>(&'a self, r: AcquireRequest<'a>) -> StoreFuture<'a, Result<AcquireOutcome, StoreError>> {
+        self.0.acquire(r)
+    }
+    fn renew<'a>(&'a self, leases: &'a [Lease<'a>]) -> StoreFuture<'a, Result<Vec<bool>, StoreError>> {
+        self.0.renew(leases)
+    }
+    fn commit<'a>(&'a self, r: CommitRequest<'a>) -> StoreFuture<'a, Result<Transition, StoreError>> {
+        StoreFuture::new(async move {
+            let landed = self.0.commit(r).await;
+            if self.1.fetch_add(1, SeqCst) == 0 {
+                // The reply is lost; meanwhile an operator forgets the record.
+                assert_eq!(
+                    self.0.forget(r.key, false).await.unwrap(),
+                    idempotency::store::Forgotten::Deleted(idempotency::store::RecordState::Completed)
+                );
+                return Err(StoreError::new(StoreErrorKind::Timeout, "commit: no reply"));
+            }
+            landed
+        })
+    }
+    fn release<'a>(&'a self, key: &'a str, owner: &'a str) -> StoreFuture<'a, Result<Transition, StoreError>> {
+        self.0.release(key, owner)
+    }
+    fn watch<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Result<Watcher, StoreError>> {
+        self.0.watch(key)
+    }
+    fn forget<'a>(
+        &'a self,
+        key: &'a str,
+        force: bool,
+    ) -> StoreFuture<'a, Result<idempotency::store::Forgotten, StoreError>> {
+        self.0.forget(key, force)
+    }
+    fn call_timeout(&self) -> Option<Duration> {
+        Some(Duration::from_secs(2))
+    }
+}
+
+/// What docs/guarantees.md says of a forget that overtakes a call still committing: the call's
+/// retry writes the record again (the key was absent, and a commit records its result then), so
+/// the forget is undone and a duplicate replays; forgetting after the call returned sticks.
+#[tokio::test]
+async fn a_forget_that_overtakes_a_retried_commit_is_undone_by_it() {
+    let store = Arc::new(ForgottenBetweenCommits(MemoryStore::new(), AtomicUsize::new(0)));
+    let idem = Idempotency::builder_shared(store.clone()).build();
+    let first: Result<u32, Error> = idem.run(Call::new("k"), || async { Ok(1) }).await;
+    assert_eq!(first.unwrap(), 1);
+    assert_eq!(store.1.load(SeqCst), 2, "the lost commit was not sent again");
+    let again: Result<u32, Error> = idem.run(Call::new("k"), || async { Ok(2) }).await;
+    assert_eq!(again.unwrap(), 1, "the retried commit did not write the record again");
+    assert_eq!(
+        idem.forget("", "k", Force::CompletedOnly).await.unwrap(),
+        idempotency::store::Forgotten::Deleted(idempotency::store::RecordState::Completed)
+    );
+    let after: Result<u32, Error> = idem.run(Call::new("k"), || async { Ok(3) }).await;
+    assert_eq!(after.unwrap(), 3, "a forget after the call returned did not stick");
+}
