@@ -115,3 +115,30 @@ fn a_lost_lease_stops_an_aborting_body_and_wakes_every_waiter() {
         losses: Vec::new(),
     });
 }
+
+/// A plain acquire's `PTTL` that lands after the record it read has ended (a stall splits the
+/// pipeline) reads the next holder's lease: the cache must not take that for the record's
+/// lifetime. Found by the explorer (seed 84025 before the fix), kept as it shrank it.
+#[test]
+fn a_split_acquire_never_caches_another_records_lifetime() {
+    let call = |at_ms, proc, ttl_ms, keep_ms, steps_ms: Vec<u64>| CallSpec {
+        ttl_ms,
+        keep_ms,
+        renew: false,
+        steps_ms,
+        ..call(at_ms, proc)
+    };
+    holds(&Schedule {
+        caches: vec![false, true],
+        timeouts_ms: vec![100, 1000],
+        calls: vec![
+            call(1380, 0, 1000, 0, vec![270]),
+            call(1080, 1, 50, 0, vec![]),
+            call(1610, 1, 50, 0, vec![]),
+            call(790, 0, 50, 300, vec![]),
+        ],
+        faults: faults(&[(1, 150, 940, FaultKind::Split(160))]),
+        purges: Vec::new(),
+        losses: Vec::new(),
+    });
+}
