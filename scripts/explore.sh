@@ -1,14 +1,107 @@
 #!/usr/bin/env bash
 # The explorer: randomized schedules of calls, faults, purges and record losses against the
-# runtime on tokio's paused clock, each history checked against docs/guarantees.md (I1-I7).
-#   bash scripts/explore.sh [--minutes N | --schedules N] [--seed S] [--store memory|model|all]
-# Prints each violation with its seed, the invariant, the smallest schedule and its history, and
-# as its last line `explored: <schedules> schedules, <calls> calls, <faults> faults, <violations>
-# violations`; exits 1 on any violation. Built with tokio's unstable cfg (to seed tokio's own
-# randomness, so that a seed replays exactly) in a target directory of its own, so that the
-# workspace's build is not invalidated.
+# runtime, each history checked against docs/guarantees.md (I1-I8).
+#   bash scripts/explore.sh [--minutes N | --schedules N] [--seed S] [--invariant TEXT]
+#        [--store memory|model|redis|valkey|cluster|postgres|servers|all] [--plant BUG]
+# memory, model: the deterministic layer (tokio's paused clock; a seed replays exactly; the
+#   default is both). redis, valkey, cluster, postgres: the layer on real servers started here,
+#   faults from outside (tests/explore_servers.rs); servers: all four. all: both layers, side by
+#   side, each for the whole time.
+# --plant release-owner | late-acquire: plants a known bug for the run (the owner check of
+#   lua/release.lua removed; a body started without looking at its lease) and puts the source
+#   back afterwards: the run must report a violation.
+# Prints each violation with its seed, the invariant, the schedule and its history (the
+# deterministic layer: the smallest schedule, shrunk), and as its last line `explored:
+# <schedules> schedules, <calls> calls, <faults> faults, <violations> violations`, the layers
+# added up; exits 1 on any violation. The deterministic layer is built with tokio's unstable cfg
+# (to seed tokio's own randomness) in a target directory of its own, so that the workspace's
+# build is not invalidated; the layer on real servers is a test of the workspace's suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-RUSTFLAGS="--cfg tokio_unstable" CARGO_TARGET_DIR=target/explore \
-    cargo build --quiet --release -p idempotent-explore
-exec target/explore/release/explore "$@"
+
+minutes="" schedules="" seed="" invariant="" store="" plant=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --minutes) minutes="$2"; shift 2 ;;
+        --schedules) schedules="$2"; shift 2 ;;
+        --seed) seed="$2"; shift 2 ;;
+        --invariant) invariant="$2"; shift 2 ;;
+        --store) store="$2"; shift 2 ;;
+        --plant) plant="$2"; shift 2 ;;
+        *) echo "explore: unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+
+det_stores="" servers=""
+case "${store:-default}" in
+    default) det_stores="all" ;;
+    memory|model) det_stores="$store" ;;
+    redis|valkey|cluster|postgres) servers="explore_$store" ;;
+    servers) servers="explore_redis explore_valkey explore_cluster explore_postgres" ;;
+    all) det_stores="all"; servers="explore_redis explore_valkey explore_cluster explore_postgres" ;;
+    *) echo "explore: --store $store: memory, model, redis, valkey, cluster, postgres, servers or all" >&2; exit 2 ;;
+esac
+
+planted=""
+restore() { if [ -n "$planted" ]; then cp "$planted.orig" "$planted"; rm -f "$planted.orig"; fi; }
+trap restore EXIT
+case "$plant" in
+    "") ;;
+    release-owner)
+        planted=lua/release.lua; cp "$planted" "$planted.orig"
+        sed -i "s/^if rec.s ~= 'P' or rec.o ~= owner then/if false then/" "$planted"
+        grep -q "^if false then" "$planted" || { echo "explore: could not plant $plant" >&2; exit 2; } ;;
+    late-acquire)
+        planted=idempotent-core/src/runtime/waiting.rs; cp "$planted" "$planted.orig"
+        sed -i "s/if Instant::now() + margin >= sent + lease {/if false \&\& Instant::now() + margin >= sent + lease {/" "$planted"
+        grep -q "if false && Instant" "$planted" || { echo "explore: could not plant $plant" >&2; exit 2; } ;;
+    *) echo "explore: --plant $plant: release-owner or late-acquire" >&2; exit 2 ;;
+esac
+[ -n "$plant" ] && echo "explore: planted $plant in $planted (put back when the run ends)"
+
+out=$(mktemp -d)
+status=0
+if [ -n "$det_stores" ]; then
+    RUSTFLAGS="--cfg tokio_unstable" CARGO_TARGET_DIR=target/explore \
+        cargo build --quiet --release -p idempotent-explore
+    args=(--store "$det_stores")
+    [ -n "$minutes" ] && args+=(--minutes "$minutes")
+    [ -n "$schedules" ] && args+=(--schedules "$schedules")
+    [ -n "$seed" ] && args+=(--seed "$seed")
+    [ -n "$invariant" ] && args+=(--invariant "$invariant")
+fi
+if [ -n "$servers" ]; then
+    cargo test --quiet --all-features --test explore_servers --no-run
+fi
+pids=()
+if [ -n "$det_stores" ]; then
+    ( set +e; target/explore/release/explore "${args[@]}" >"$out/det" 2>&1; echo $? >"$out/det.rc" ) &
+    pids+=($!)
+fi
+if [ -n "$servers" ]; then
+    seconds=""
+    [ -n "$minutes" ] && seconds=$(awk -v m="$minutes" 'BEGIN { print m * 60 }')
+    # Without a time or a count, a minute; with only a count, no time limit besides it.
+    [ -z "$minutes" ] && [ -z "$schedules" ] && seconds=60
+    [ -z "$minutes" ] && [ -n "$schedules" ] && seconds=1000000
+    # shellcheck disable=SC2086
+    ( set +e; EXPLORE_SECONDS="$seconds" EXPLORE_SCHEDULES="$schedules" EXPLORE_SEED="$seed" EXPLORE_INVARIANT="$invariant" \
+        cargo test --quiet --all-features --test explore_servers -- --nocapture --test-threads 4 $servers \
+        >"$out/servers" 2>&1; echo $? >"$out/servers.rc" ) &
+    pids+=($!)
+fi
+wait "${pids[@]}" || true
+for layer in det servers; do
+    [ -f "$out/$layer" ] || continue
+    grep -v '^explored' "$out/$layer" | grep -v '^test result\|^running [0-9]* test\|^test explore_' || true
+    rc=$(cat "$out/$layer.rc")
+    [ "$rc" = 0 ] || status=1
+done
+# The layers added up: each prints `explored[ on <store>]: a schedules, b calls, c faults, d violations`.
+lines=$(cat "$out"/det "$out"/servers 2>/dev/null | grep '^explored' || true)
+echo "$lines" | awk '
+    { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^schedules/) s += $i; if ($(i+1) ~ /^calls/) c += $i;
+        if ($(i+1) ~ /^faults/) f += $i; if ($(i+1) ~ /^violations/) v += $i } seen[NR] = $0 }
+    END { if (NR > 1) for (i = 1; i <= NR; i++) print seen[i]; printf "explored: %d schedules, %d calls, %d faults, %d violations\n", s, c, f, v }'
+rm -rf "$out"
+exit $status

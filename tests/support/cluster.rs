@@ -193,6 +193,11 @@ impl RedisCluster {
         self.primary_for_slot(slot_of(redis_key))
     }
 
+    /// The node listening on `port`.
+    pub fn node(&self, port: u16) -> &RedisServer {
+        self.nodes.iter().find(|n| n.port() == port).unwrap_or_else(|| panic!("no node on port {port}"))
+    }
+
     /// The port of the replica of the primary on `primary`.
     pub fn replica_of(&self, primary: u16) -> u16 {
         let layout = self.layout();

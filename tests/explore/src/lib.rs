@@ -11,6 +11,8 @@
 //!   lost replies, refusals and split commands, and a pub/sub connection of its own;
 //! - [`model`]: a model of the Redis store's record semantics (server clock, a plain acquire's
 //!   three commands, owner-checked scripts), beside the memory store;
+//! - [`recorded`]: the store a process of the real-server layer talks through (a real store,
+//!   its commands recorded; faults come from outside);
 //! - [`history`]: the events a run records;
 //! - [`check`]: the invariants, read off a history.
 
@@ -18,5 +20,6 @@ pub mod check;
 pub mod faults;
 pub mod history;
 pub mod model;
+pub mod recorded;
 pub mod run;
 pub mod schedule;

@@ -165,6 +165,15 @@ async fn play_in(schedule: &Schedule, store: Store) -> History {
     let longest_ttl = schedule.calls.iter().map(|c| c.ttl_ms).filter(|t| *t <= 60_000).max().unwrap_or(0);
     let settled = start + ms(schedule.faults_end_ms()) + ms(longest_ttl) + 10 * longest_timeout;
     tokio::time::sleep_until(settled.max(Instant::now() + 10 * longest_timeout)).await;
+    probe_every_key(schedule, &idems, &history, &tokens).await;
+    drop(idems);
+    drop(admin);
+    history
+}
+
+/// Probes every key of `schedule` from every process, once faults and leases are over (I5): the
+/// probes are numbered after the schedule's calls.
+pub async fn probe_every_key(schedule: &Schedule, idems: &[Idempotency], history: &History, tokens: &[String]) {
     let mut id = schedule.calls.len();
     let mut keys: Vec<(usize, bool, bool)> =
         schedule.calls.iter().map(|c| (c.key, c.lock, c.token && !c.lock)).collect();
@@ -188,17 +197,14 @@ async fn play_in(schedule: &Schedule, store: Store) -> History {
                 end: End::Ok,
                 cancel_ms: None,
             };
-            one_call(idem, &history, id, &probe, ms(schedule.timeouts_ms[proc]), true, &tokens).await;
+            one_call(idem, history, id, &probe, ms(schedule.timeouts_ms[proc]), true, tokens).await;
             id += 1;
         }
     }
-    drop(idems);
-    drop(admin);
-    history
 }
 
 /// Makes one call (or takes one lock) as `spec` says and records what happened.
-async fn one_call(
+pub async fn one_call(
     idem: &Idempotency,
     h: &History,
     id: CallId,

@@ -221,6 +221,45 @@ pub fn schedule() -> impl Strategy<Value = Schedule> {
     })
 }
 
+/// A process of the real-server layer crashes at `at_ms` (nothing more leaves it, its calls are
+/// gone) and is back, a new runtime on the same server, `down_ms` later.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Crash {
+    pub proc: usize,
+    pub at_ms: u64,
+    pub down_ms: u64,
+}
+
+/// The shortest lease the real-server layer plays: its 10 % safety margin (30 ms) stays well
+/// above the scheduler's jitter on a loaded two-core machine, so that a body is told its lease
+/// is lost before another process can take the key, as the guarantees promise for pauses shorter
+/// than the margin.
+pub const SERVER_MIN_TTL_MS: u64 = 300;
+
+impl Schedule {
+    /// The schedule as the real-server layer plays it, in real time: leases of at least
+    /// [`SERVER_MIN_TTL_MS`] (a lock's too), everything else as it is.
+    pub fn on_servers(mut self) -> Self {
+        for c in &mut self.calls {
+            c.ttl_ms = c.ttl_ms.max(SERVER_MIN_TTL_MS);
+        }
+        self
+    }
+}
+
+/// A schedule for the real-server layer and its crashes (at most two).
+pub fn server_schedule() -> impl Strategy<Value = (Schedule, Vec<Crash>)> {
+    schedule().prop_flat_map(|s| {
+        let procs = s.caches.len();
+        let crash = (0..procs, at(2000), (5..=100u64).prop_map(|d| d * 10)).prop_map(|(proc, at_ms, down_ms)| Crash {
+            proc,
+            at_ms,
+            down_ms,
+        });
+        (Just(s.on_servers()), prop::collection::vec(crash, 0..3))
+    })
+}
+
 impl fmt::Display for Schedule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
