@@ -51,32 +51,81 @@ fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
+/// Schedules played on one server at once, each under a prefix (or schema) of its own.
+const AT_ONCE: usize = 3;
+
 /// The longest server stop: below the Cluster's node timeout (1 s), so that no failover starts.
 const LONGEST_STOP_MS: u64 = 700;
 
 /// The servers a run plays on.
-enum Server {
+enum Kind {
     Redis(Mutex<RedisServer>),
     Cluster(&'static RedisCluster),
     Postgres(Mutex<PgCluster>),
 }
 
+/// A server and the schedules playing on it at once (each under a key prefix, or a schema, of
+/// its own).
+struct Server {
+    kind: Kind,
+    /// The schedules playing now, by number: their histories and keys, so that a restart that
+    /// empties the server is recorded in each.
+    running: Mutex<BTreeMap<u64, (History, Vec<String>)>>,
+    /// Held to read by a schedule probing its keys, to write by a fault that stops or restarts
+    /// the server: a schedule's probes come after its own faults, and not in another's.
+    quiet: tokio::sync::RwLock<()>,
+    /// When the last stop or restart is over, clients reconnected included: another schedule's
+    /// probes wait for it, as its own wait for the end of its own faults.
+    calm_from: Mutex<Instant>,
+}
+
+/// How long after a stop or a restart clients may still be reconnecting.
+const RECOVERY: Duration = Duration::from_secs(3);
+
 impl Server {
+    fn new(kind: Kind) -> Self {
+        Server {
+            kind,
+            running: Mutex::default(),
+            quiet: tokio::sync::RwLock::new(()),
+            calm_from: Mutex::new(Instant::now()),
+        }
+    }
+
+    /// Takes the server for a stop or a restart, until the guard goes (plus [`RECOVERY`]).
+    async fn upset(&self) -> Upset<'_> {
+        Upset { server: self, _quiet: self.quiet.write().await }
+    }
+
+    /// Waits until no stop or restart is on or recent, and holds off new ones until the guard
+    /// goes.
+    async fn calm(&self) -> tokio::sync::RwLockReadGuard<'_, ()> {
+        loop {
+            let quiet = self.quiet.read().await;
+            let from = *lock(&self.calm_from);
+            if Instant::now() >= from {
+                return quiet;
+            }
+            drop(quiet);
+            tokio::time::sleep_until(from).await;
+        }
+    }
+
     fn name(&self, valkey: bool) -> &'static str {
-        match self {
-            Server::Redis(_) if valkey => "valkey",
-            Server::Redis(_) => "redis",
-            Server::Cluster(_) => "cluster",
-            Server::Postgres(_) => "postgres",
+        match &self.kind {
+            Kind::Redis(_) if valkey => "valkey",
+            Kind::Redis(_) => "redis",
+            Kind::Cluster(_) => "cluster",
+            Kind::Postgres(_) => "postgres",
         }
     }
 
     /// The port processes reach the server on (through their relays), if there is one.
     fn port(&self) -> Option<u16> {
-        match self {
-            Server::Redis(s) => Some(lock(s).port()),
-            Server::Cluster(_) => None,
-            Server::Postgres(c) => Some(lock(c).base_url().rsplit(':').next()?.parse().ok()?),
+        match &self.kind {
+            Kind::Redis(s) => Some(lock(s).port()),
+            Kind::Cluster(_) => None,
+            Kind::Postgres(c) => Some(lock(c).base_url().rsplit(':').next()?.parse().ok()?),
         }
     }
 
@@ -94,10 +143,10 @@ impl Server {
         first: bool,
     ) -> (Arc<dyn Store>, Option<RedisStore>) {
         let port = relay.map(|r| r.url().rsplit(':').next().unwrap().to_owned());
-        match self {
-            Server::Redis(_) | Server::Cluster(_) => {
-                let url = match (self, port) {
-                    (Server::Cluster(c), _) => c.url(),
+        match &self.kind {
+            Kind::Redis(_) | Kind::Cluster(_) => {
+                let url = match (&self.kind, port) {
+                    (Kind::Cluster(c), _) => c.url(),
                     (_, Some(p)) => format!("redis://127.0.0.1:{p}"),
                     (_, None) => format!("redis://127.0.0.1:{}", self.port().unwrap()),
                 };
@@ -105,7 +154,7 @@ impl Server {
                 let store = store.unwrap_or_else(|e| panic!("connect to {url}: {e}"));
                 (Arc::new(store.clone()), Some(store))
             }
-            Server::Postgres(_) => {
+            Kind::Postgres(_) => {
                 let p = port.unwrap_or_else(|| self.port().unwrap().to_string());
                 let url = format!("postgres://postgres@127.0.0.1:{p}/postgres");
                 let mut builder = PgStore::builder(&url).schema(format!("ex{n}")).pool_size(4).timeout(timeout);
@@ -118,10 +167,22 @@ impl Server {
     }
 }
 
+/// A stop or restart of the server going on.
+struct Upset<'a> {
+    server: &'a Server,
+    _quiet: tokio::sync::RwLockWriteGuard<'a, ()>,
+}
+
+impl Drop for Upset<'_> {
+    fn drop(&mut self) {
+        *lock(&self.server.calm_from) = Instant::now() + RECOVERY;
+    }
+}
+
 /// The standalone server of a Redis or Valkey run.
 fn redis(server: &Server) -> std::sync::MutexGuard<'_, RedisServer> {
-    match server {
-        Server::Redis(s) => lock(s),
+    match &server.kind {
+        Kind::Redis(s) => lock(s),
         _ => panic!("not a standalone server"),
     }
 }
@@ -199,39 +260,56 @@ fn explore(server: Server, valkey: bool) {
     let server = Arc::new(server);
     let mut stats = Stats::default();
     let started = std::time::Instant::now();
-    for i in 0.. {
-        if started.elapsed() >= limit || schedules.is_some_and(|n| i >= n) {
-            break;
-        }
-        let seed = seed.wrapping_add(i);
-        let (schedule, crashes) = generate(seed);
-        let history = rt.block_on(play(&server, seed, &schedule, &crashes, &mut stats));
-        stats.schedules += 1;
-        stats.calls += schedule.calls.len() as u64;
-        let events = history.events();
-        let report = check(&events);
-        for (name, n) in &report.exceptions {
-            *stats.exceptions.entry(name).or_default() += n;
-        }
-        let counted = |v: &&idempotent_explore::check::Violation| {
-            only.is_empty() || only.iter().any(|i| v.to_string().contains(i.as_str()))
-        };
-        if let Some(v) = report.violations.iter().find(counted) {
-            stats.violations += 1;
-            println!("\nVIOLATION seed {seed} store {name}: {v}");
-            println!("schedule:\n{schedule}");
-            for c in &crashes {
-                println!("  crash p{} at {}ms, back {}ms later", c.proc, c.at_ms, c.down_ms);
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, async {
+        let mut playing = tokio::task::JoinSet::new();
+        let mut next = 0u64;
+        loop {
+            while playing.len() < AT_ONCE
+                && started.elapsed() < limit
+                && schedules.is_none_or(|n| next < n)
+            {
+                let (server, n) = (server.clone(), seed.wrapping_add(next));
+                next += 1;
+                // On this thread (the plays are not `Send`); what they spawn runs on the runtime.
+                playing.spawn_local(async move {
+                    let (schedule, crashes) = generate(n);
+                    let (history, faults) = play(&server, n, &schedule, &crashes).await;
+                    (n, schedule, crashes, history, faults)
+                });
             }
-            println!("its history (us):");
-            for (t, e) in &events {
-                println!("  {t:>9} {e:?}");
+            let Some(done) = playing.join_next().await else { break };
+            let (seed, schedule, crashes, history, faults) = done.expect("a schedule's play");
+            for (kind, n) in faults {
+                *stats.faults.entry(kind).or_default() += n;
             }
-            println!(
-                "again: EXPLORE_SEED={seed} bash scripts/explore.sh --store {name} --schedules 1 (real servers do not replay exactly)"
-            );
+            stats.schedules += 1;
+            stats.calls += schedule.calls.len() as u64;
+            let events = history.events();
+            let report = check(&events);
+            for (name, n) in &report.exceptions {
+                *stats.exceptions.entry(name).or_default() += n;
+            }
+            let counted = |v: &&idempotent_explore::check::Violation| {
+                only.is_empty() || only.iter().any(|i| v.to_string().contains(i.as_str()))
+            };
+            if let Some(v) = report.violations.iter().find(counted) {
+                stats.violations += 1;
+                println!("\nVIOLATION seed {seed} store {name}: {v}");
+                println!("schedule:\n{schedule}");
+                for c in &crashes {
+                    println!("  crash p{} at {}ms, back {}ms later", c.proc, c.at_ms, c.down_ms);
+                }
+                println!("its history (us):");
+                for (t, e) in &events {
+                    println!("  {t:>9} {e:?}");
+                }
+                println!(
+                    "again: bash scripts/explore.sh --store {name} --seed {seed} --schedules 1 (real servers do not replay exactly)"
+                );
+            }
         }
-    }
+    });
     let faults: u64 = stats.faults.values().sum();
     let kinds: Vec<String> = stats.faults.iter().map(|(k, n)| format!("{k} {n}")).collect();
     println!("faults on {name} by kind: {}", kinds.join(", "));
@@ -247,16 +325,26 @@ fn explore(server: Server, valkey: bool) {
     assert_eq!(stats.violations, 0, "the explorer found violations on {name} (above)");
 }
 
-/// Plays one schedule; returns its history.
-async fn play(server: &Arc<Server>, n: u64, schedule: &Schedule, crashes: &[Crash], stats: &mut Stats) -> History {
+/// Plays one schedule; returns its history and the faults it put in, by kind.
+async fn play(
+    server: &Arc<Server>,
+    n: u64,
+    schedule: &Schedule,
+    crashes: &[Crash],
+) -> (History, BTreeMap<&'static str, u64>) {
     let history = History::new();
+    lock(&server.running).insert(n, (history.clone(), all_keys(schedule)));
+    let mut faults = BTreeMap::new();
     let procs = schedule.caches.len();
     let relays: Vec<Option<Proxy>> = (0..procs).map(|_| server.port().map(Proxy::start)).collect();
+    // Connected while no other schedule stops or restarts the server.
+    let quiet = server.quiet.read().await;
     let mut inner: Vec<Arc<dyn Store>> = Vec::new();
     for (p, relay) in relays.iter().enumerate() {
         inner.push(server.store(n, relay.as_ref(), ms(schedule.timeouts_ms[p]), p == 0).await);
     }
     let (admin_store, admin_redis) = server.connect(n, None, Duration::from_secs(2), false).await;
+    drop(quiet);
     let runtime = |p: usize, recorded: Arc<Recorded>| {
         let builder = Idempotency::builder_shared(recorded).wait_recheck(ms(50));
         if schedule.caches[p] { builder.replay_cache(1000) } else { builder }.build()
@@ -275,17 +363,17 @@ async fn play(server: &Arc<Server>, n: u64, schedule: &Schedule, crashes: &[Cras
     let start = Instant::now();
     let relays = Arc::new(relays);
     let mut tasks = tokio::task::JoinSet::new();
-    let mut count = |kind: &'static str| *stats.faults.entry(kind).or_default() += 1;
+    let mut count = |kind: &'static str| *faults.entry(kind).or_default() += 1;
 
     let record_key = |key: &str| admin_redis.as_ref().map(|r| r.record_key(key)).unwrap_or_default();
     for f in &schedule.faults {
         let (relays, server, f) = (relays.clone(), server.clone(), *f);
         let first_record = record_key(&full_key(0, false));
         let (from, until) = (start + ms(f.from_ms), start + ms(f.from_ms + f.len_ms));
-        count(match (f.kind, server.as_ref()) {
-            (FaultKind::Split(_), Server::Postgres(_)) => "partition of every process",
+        count(match (f.kind, &server.kind) {
+            (FaultKind::Split(_), Kind::Postgres(_)) => "partition of every process",
             (FaultKind::Split(_), _) => "server stopped",
-            (_, Server::Cluster(_)) => continue,
+            (_, Kind::Cluster(_)) => continue,
             (FaultKind::DelayUp(_), _) => "commands late",
             (FaultKind::DelayDown(_) | FaultKind::PubsubDelay(_), _) => "replies late",
             (FaultKind::LoseReplies | FaultKind::PubsubDown, _) => "connections dropped",
@@ -311,20 +399,21 @@ async fn play(server: &Arc<Server>, n: u64, schedule: &Schedule, crashes: &[Cras
                 }
                 FaultKind::Split(d) => {
                     let stop = ms(d.min(LONGEST_STOP_MS));
-                    match server.as_ref() {
-                        Server::Postgres(_) => {
+                    let _upset = server.upset().await;
+                    match &server.kind {
+                        Kind::Postgres(_) => {
                             relays.iter().flatten().for_each(Proxy::black_hole);
                             tokio::time::sleep(stop).await;
                             relays.iter().flatten().for_each(Proxy::heal);
                         }
-                        Server::Redis(_) => {
+                        Kind::Redis(_) => {
                             let srv = server.clone();
                             off_runtime(move || redis(&srv).pause()).await;
                             tokio::time::sleep(stop).await;
                             let srv = server.clone();
                             off_runtime(move || redis(&srv).resume()).await;
                         }
-                        &Server::Cluster(c) => {
+                        &Kind::Cluster(c) => {
                             let port = off_runtime(move || c.primary_for_key(&first_record)).await;
                             c.node(port).pause();
                             tokio::time::sleep(stop).await;
@@ -337,35 +426,38 @@ async fn play(server: &Arc<Server>, n: u64, schedule: &Schedule, crashes: &[Cras
     }
     for l in &schedule.losses {
         let (server, h, at, key) = (server.clone(), history.clone(), start + ms(l.at_ms), full_key(l.key, false));
-        let every_key = all_keys(schedule);
         let record = record_key(&key);
-        count(match server.as_ref() {
-            Server::Redis(_) => "server killed and restarted empty",
-            Server::Cluster(_) => "record lost",
-            Server::Postgres(_) => "server crashed and restarted",
+        count(match &server.kind {
+            Kind::Redis(_) => "server killed and restarted empty",
+            Kind::Cluster(_) => "record lost",
+            Kind::Postgres(_) => "server crashed and restarted",
         });
         tasks.spawn(async move {
             tokio::time::sleep_until(at).await;
             let srv = server.clone();
-            match server.as_ref() {
-                Server::Redis(_) => {
+            let _upset = server.upset().await;
+            match &server.kind {
+                Kind::Redis(_) => {
                     off_runtime(move || {
                         let mut s = redis(&srv);
                         s.kill();
-                        for k in every_key {
-                            h.record(Event::Lose { key: k });
+                        // Every schedule on the server lost every record.
+                        for (h, keys) in lock(&srv.running).values() {
+                            for k in keys {
+                                h.record(Event::Lose { key: k.clone() });
+                            }
                         }
                         s.restart();
                     })
                     .await;
                 }
-                &Server::Cluster(c) => {
+                &Kind::Cluster(c) => {
                     let _ = off_runtime(move || c.command(&["DEL", &record])).await;
                     h.record(Event::Lose { key });
                 }
-                Server::Postgres(_) => {
+                Kind::Postgres(_) => {
                     off_runtime(move || {
-                        let Server::Postgres(c) = srv.as_ref() else { unreachable!() };
+                        let Kind::Postgres(c) = &srv.kind else { unreachable!() };
                         lock(c).restart_immediate();
                     })
                     .await;
@@ -427,10 +519,6 @@ async fn play(server: &Arc<Server>, n: u64, schedule: &Schedule, crashes: &[Cras
     for relay in relays.iter().flatten() {
         relay.heal();
     }
-    if let Server::Redis(_) = server.as_ref() {
-        let srv = server.clone();
-        off_runtime(move || redis(&srv).resume()).await;
-    }
 
     // Once every fault has ended: every lease may run out, every background commit and release
     // may land. Then every key must be free or completed (I5).
@@ -442,8 +530,12 @@ async fn play(server: &Arc<Server>, n: u64, schedule: &Schedule, crashes: &[Cras
     let settled = start + ms(faults_end) + ms(longest_ttl) + 3 * longest_timeout;
     tokio::time::sleep_until(settled.max(Instant::now() + 3 * longest_timeout)).await;
     let idems: Vec<Idempotency> = lives.iter().map(|l| lock(l).idem.clone().expect("every process is back")).collect();
-    probe_every_key(schedule, &idems, &history, &tokens).await;
-    history
+    {
+        let _calm = server.calm().await;
+        probe_every_key(schedule, &idems, &history, &tokens).await;
+    }
+    lock(&server.running).remove(&n);
+    (history, faults)
 }
 
 /// Every key the schedule's calls use, as the history names them.
@@ -466,21 +558,21 @@ async fn off_runtime<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) 
 
 #[test]
 fn explore_redis() {
-    explore(Server::Redis(Mutex::new(RedisServer::start())), false);
+    explore(Server::new(Kind::Redis(Mutex::new(RedisServer::start()))), false);
 }
 
 #[test]
 fn explore_valkey() {
     let valkey = support::valkey_server_binary();
-    explore(Server::Redis(Mutex::new(RedisServer::start_binary(&valkey))), true);
+    explore(Server::new(Kind::Redis(Mutex::new(RedisServer::start_binary(&valkey)))), true);
 }
 
 #[test]
 fn explore_cluster() {
-    explore(Server::Cluster(RedisCluster::shared()), false);
+    explore(Server::new(Kind::Cluster(RedisCluster::shared())), false);
 }
 
 #[test]
 fn explore_postgres() {
-    explore(Server::Postgres(Mutex::new(PgCluster::start())), false);
+    explore(Server::new(Kind::Postgres(Mutex::new(PgCluster::start()))), false);
 }
