@@ -381,10 +381,13 @@ pub fn check(events: &[(Micros, Event)]) -> Report {
                 && !(*cached && o.answer.as_ref().is_some_and(|(at, _)| undelivered_purge(c, done, *at)))
         }) {
             Some(format!("another acquisition, sent at {} us, found the key free", us(y.sent)))
-        } else if let Some((_, sent, at, _, _)) = r.purges.iter().find(|(k, sent, at, _, _)| {
+        } else if let Some((_, sent, at, _, _)) = r.purges.iter().find(|(k, sent, at, _, deleted)| {
             // A store read after the purge was answered; a cached answer after its broadcast
-            // reached the process (until then the cache cannot know).
-            *k == c.key
+            // reached the process (until then the cache cannot know). Only a purge that says it
+            // deleted a record surely ended one: one that failed (a connection lost to a
+            // restart) or found nothing to delete may have left it current.
+            *deleted
+                && *k == c.key
                 && *sent > done
                 && if *cached {
                     r.delivered.iter().any(|(p, dk, dt)| *p == c.proc && dk == k && *dt > *sent && *dt < read)
@@ -639,6 +642,13 @@ mod tests {
             .invoke(200 * MS, 4, 0)
             .ret(200 * MS, 4, replayed("v0", true));
         assert_eq!(purged.check(), vec!["I3"]);
+        // The same replay after a purge that failed (it deleted nothing): the record may be current.
+        let failed = H::default()
+            .ran(0, 0, 1, 10, 1000)
+            .at(100 * MS, Event::Purge { key: "k".into(), force: false, sent: 100 * MS, deleted: false })
+            .invoke(200 * MS, 4, 0)
+            .ret(200 * MS, 4, replayed("v0", false));
+        assert_eq!(failed.check(), Vec::<&str>::new());
     }
 
     #[test]
