@@ -71,7 +71,11 @@ if [ -n "$det_stores" ]; then
     [ -n "$invariant" ] && args+=(--invariant "$invariant")
 fi
 if [ -n "$servers" ]; then
-    cargo test --quiet --all-features --test explore_servers --no-run
+    # The test binary itself is run, not `cargo test`, which would hold the build directory's
+    # lock for the whole run.
+    binary=$(cargo test --all-features --test explore_servers --no-run 2>&1 | tee /dev/stderr |
+        sed -n 's/.*Executable tests\/explore_servers.rs (\(.*\))$/\1/p' | tail -1)
+    [ -x "$binary" ] || { echo "explore: could not build tests/explore_servers.rs" >&2; exit 2; }
 fi
 pids=()
 if [ -n "$det_stores" ]; then
@@ -86,7 +90,7 @@ if [ -n "$servers" ]; then
     [ -z "$minutes" ] && [ -n "$schedules" ] && seconds=1000000
     # shellcheck disable=SC2086
     ( set +e; EXPLORE_SECONDS="$seconds" EXPLORE_SCHEDULES="$schedules" EXPLORE_SEED="$seed" EXPLORE_INVARIANT="$invariant" \
-        cargo test --quiet --all-features --test explore_servers -- --nocapture --test-threads 4 $servers \
+        CARGO_MANIFEST_DIR="$PWD" "$binary" --quiet --nocapture --test-threads 4 $servers \
         >"$out/servers" 2>&1; echo $? >"$out/servers.rc" ) &
     pids+=($!)
 fi
