@@ -37,7 +37,7 @@ use idempotency::{Idempotency, PgStore, RedisStore, Store};
 use idempotent_explore::check::check;
 use idempotent_explore::history::{Event, History, Returned};
 use idempotent_explore::recorded::Recorded;
-use idempotent_explore::run::{full_key, one_call, probe_every_key, PLANNED_PANIC};
+use idempotent_explore::run::{full_key, one_call, probe_every_key, quiet_planned_panics};
 use idempotent_explore::schedule::{server_schedule, Crash, FaultKind, Schedule};
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
@@ -246,15 +246,7 @@ fn generate(seed: u64) -> (Schedule, Vec<Crash>) {
 fn explore(server: Server, valkey: bool) {
     let Settings { limit, schedules, seed, only } = settings();
     let name = server.name(valkey);
-    // Planned panics are part of the schedules: keep them out of the output.
-    let default_hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        let planned = info.payload().downcast_ref::<String>().is_some_and(|s| s == PLANNED_PANIC)
-            || info.payload().downcast_ref::<&str>().is_some_and(|s| *s == PLANNED_PANIC);
-        if !planned {
-            default_hook(info);
-        }
-    }));
+    quiet_planned_panics();
     println!("explore on {name}: seeds from {seed} on, for {limit:?}");
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let server = Arc::new(server);

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use idempotent_explore::check::check;
 use idempotent_explore::history::{Event, Returned};
-use idempotent_explore::run::{play, Store, PLANNED_PANIC};
+use idempotent_explore::run::{play, quiet_planned_panics, Store};
 use idempotent_explore::schedule::{schedule, FaultKind, Schedule};
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner};
 
@@ -121,15 +121,7 @@ fn main() -> ExitCode {
         Ok(a) => a,
         Err(why) => return usage(&why),
     };
-    // Planned panics are part of the schedules: keep them out of the output.
-    let default_hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        let planned = info.payload().downcast_ref::<String>().is_some_and(|s| s == PLANNED_PANIC)
-            || info.payload().downcast_ref::<&str>().is_some_and(|s| *s == PLANNED_PANIC);
-        if !planned {
-            default_hook(info);
-        }
-    }));
+    quiet_planned_panics();
     println!("explore: seeds from {} on, stores {:?}", args.seed, args.stores);
     let started = Instant::now();
     let stats = std::cell::RefCell::new(Stats::default());

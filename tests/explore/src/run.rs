@@ -35,6 +35,22 @@ const SCOPE: &str = "x";
 /// The payload of a planned panic (kept out of the output by the explorer's panic hook).
 pub const PLANNED_PANIC: &str = "explorer: planned panic";
 
+/// Keeps planned panics (part of the schedules) out of the output; any other panic is printed as
+/// before. Once per process: the hook it installs stays.
+pub fn quiet_planned_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let default_hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let planned = info.payload().downcast_ref::<String>().is_some_and(|s| s == PLANNED_PANIC)
+                || info.payload().downcast_ref::<&str>().is_some_and(|s| *s == PLANNED_PANIC);
+            if !planned {
+                default_hook(info);
+            }
+        }));
+    });
+}
+
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
