@@ -61,5 +61,5 @@ else
 fi
 
 echo "== benchmark round-trip check (exact counts from Redis, not timings)"
-cargo run --quiet --release --example bench -- --check
+cargo run --quiet --release -p idempotent-bench -- --check
 echo "== all green"

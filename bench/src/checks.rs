@@ -1,0 +1,168 @@
+//! The exact counts (`--check`, run by scripts/test.sh): round trips and script calls per call of
+//! each path, counted by the servers themselves, against their targets.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use idempotency::store::redis::fred::prelude::*;
+use idempotency::{Call, Error, Idempotency};
+
+use crate::ops::{complete_keys, hold_keys, R};
+use crate::pg_rows::{pg_count, pg_tx_first, Pg};
+use crate::support;
+
+/// Counts the commands clients send, not those scripts run, from the server's `MONITOR` stream
+/// (`support::Monitor`, a connection of its own): commands a script runs are shown there as
+/// `[0 lua]`, on Redis and Valkey alike (their slow logs differ: Valkey logs a script's commands
+/// with its caller's address).
+pub struct TopLevel {
+    pub host: String,
+    pub port: u16,
+}
+
+impl TopLevel {
+    pub fn of(client: &Client) -> TopLevel {
+        let server = client.active_connections().into_iter().next().expect("a connected client");
+        TopLevel { host: server.host.to_string(), port: server.port }
+    }
+
+    /// Top-level commands about idempotency records (`keys` is their Redis key prefix) sent
+    /// while `f` ran, and how many of them were script calls. Other commands (the counting's
+    /// own, `TIME`, which names no key) are left out.
+    pub async fn count<Fut: Future<Output = ()>>(&self, keys: &str, f: Fut) -> (u64, u64) {
+        let monitor = support::Monitor::start_at(&self.host, self.port);
+        f.await;
+        let commands = tokio::task::block_in_place(|| monitor.client_commands(keys));
+        let scripts = commands
+            .iter()
+            .filter(|l| l.split_once("] \"").is_some_and(|(_, c)| c.to_ascii_uppercase().starts_with("EVAL")))
+            .count();
+        (commands.len() as u64, scripts as u64)
+    }
+}
+
+/// Sequential, exact: the round trips each path costs, counted by Redis (top-level commands),
+/// and, as `"<path>: scripts"`, how many of them are script calls (the rest are plain commands:
+/// a parameter-mode acquire is a `SET NX GET`, so a replay or a conflict runs no script; a
+/// commit is a `SET IFEQ` where the server has it). `scripts_first`: the script calls a first
+/// execution should make on this server.
+pub async fn check_round_trips(
+    idem: &Idempotency,
+    client: &Client,
+    scripts_first: f64,
+) -> Vec<(&'static str, f64, f64)> {
+    const N: u64 = 200;
+    let per = |n: u64| n as f64 / N as f64;
+    // Warm the script cache so no NOSCRIPT fallback is counted.
+    complete_keys(idem, "warm:", 1).await;
+    let _: R<()> = idem
+        .run(Call::new("warm:err"), || async { Err(Error::Conflict { key: String::new(), retry_after: None }) })
+        .await;
+    let top = TopLevel::of(client);
+    let records = format!("{}:", idempotency::store::redis::DEFAULT_PREFIX);
+    let mut out = Vec::new();
+
+    let (n, scripts) = top.count(&records, complete_keys(idem, "rt-first:", N)).await;
+    out.push(("first execution", per(n), 2.0));
+    out.push(("first execution: scripts", per(scripts), scripts_first));
+
+    let (n, scripts) = top.count(&records, complete_keys(idem, "rt-first:", N)).await;
+    out.push(("replay", per(n), 1.0));
+    out.push(("replay: scripts", per(scripts), 0.0));
+
+    let release = Arc::new(AtomicBool::new(false));
+    let holders = hold_keys(idem, "rt-held:", 1, release.clone());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (n, scripts) = top
+        .count(&records, async {
+            for _ in 0..N {
+                let r: R<()> = idem.run(Call::new("rt-held:0"), || async { Ok(()) }).await;
+                assert!(matches!(r, Err(Error::Conflict { .. })), "{r:?}");
+            }
+        })
+        .await;
+    out.push(("conflict", per(n), 1.0));
+    out.push(("conflict: scripts", per(scripts), 0.0));
+    release.store(true, Ordering::Relaxed);
+    for h in holders {
+        h.await.unwrap();
+    }
+
+    let (n, scripts) = top
+        .count(&records, async {
+            for i in 0..N {
+                let _: R<()> = idem
+                    .run(Call::new(format!("rt-err:{i}")), || async {
+                        Err(Error::Conflict { key: String::new(), retry_after: None })
+                    })
+                    .await;
+            }
+        })
+        .await;
+    // Acquire plus release: the release itself costs one less (and is the script).
+    out.push(("release after an error", per(n) - 1.0, 1.0));
+    out.push(("release after an error: scripts", per(scripts), 1.0));
+    out
+}
+
+/// Sequential, exact: the round trips each PostgreSQL path costs, counted by the server
+/// (`pg_stat_statements`: statements, less the `SET LOCAL` sent in one message with `BEGIN`).
+pub async fn check_pg_round_trips(pg: &Pg) -> Vec<(&'static str, f64, f64)> {
+    const N: u64 = 200;
+    let per = |n: u64| n as f64 / N as f64;
+    // Each connection prepares a statement the first time it runs it (not a counted call).
+    complete_keys(&pg.idem, "warm:", 50).await;
+    let mut out = Vec::new();
+    let n = pg_count(&pg.counters, complete_keys(&pg.idem, "rt-first:", N)).await;
+    out.push(("pg first execution", per(n), 2.0));
+    let n = pg_count(&pg.counters, complete_keys(&pg.idem, "rt-first:", N)).await;
+    out.push(("pg replay", per(n), 1.0));
+    let release = Arc::new(AtomicBool::new(false));
+    let holders = hold_keys(&pg.idem, "rt-held:", 1, release.clone());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let n = pg_count(&pg.counters, async {
+        for _ in 0..N {
+            let r: R<()> = pg.idem.run(Call::new("rt-held:0"), || async { Ok(()) }).await;
+            assert!(matches!(r, Err(Error::Conflict { .. })), "{r:?}");
+        }
+    })
+    .await;
+    out.push(("pg conflict", per(n), 1.0));
+    release.store(true, Ordering::Relaxed);
+    for h in holders {
+        h.await.unwrap();
+    }
+    let n = pg_count(&pg.counters, async {
+        for i in 0..N {
+            let _: R<()> = pg
+                .idem
+                .run(Call::new(format!("rt-err:{i}")), || async {
+                    Err(Error::Conflict { key: String::new(), retry_after: None })
+                })
+                .await;
+        }
+    })
+    .await;
+    out.push(("pg release after an error", per(n) - 1.0, 1.0));
+    for i in 0..20 {
+        pg_tx_first(&pg.store, &pg.idem, format!("warm-tx:{i}"), i).await;
+    }
+    let n = pg_count(&pg.counters, async {
+        for i in 0..N {
+            assert!(pg_tx_first(&pg.store, &pg.idem, format!("rt-tx:{i}"), i).await);
+        }
+    })
+    .await;
+    // acquire; BEGIN (with its SET LOCAL); the body's INSERT; the record's UPDATE; COMMIT.
+    out.push(("pg transactional first execution", per(n), 5.0));
+    let n = pg_count(&pg.counters, async {
+        for i in 0..N {
+            assert!(pg_tx_first(&pg.store, &pg.idem, format!("rt-tx:{i}"), i).await);
+        }
+    })
+    .await;
+    out.push(("pg transactional replay", per(n), 1.0));
+    out
+}
