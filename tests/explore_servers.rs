@@ -15,7 +15,8 @@
 //!   of their own, every process is partitioned instead);
 //! - a record lost → Redis and Valkey are killed (`SIGKILL`) and started again empty, without
 //!   their scripts (every record is lost, as the history says); the Cluster loses the record
-//!   (`DEL` on its node); PostgreSQL is crashed and restarted (`-m immediate`), which loses
+//!   (`DEL` on its node) or, one time in three, fails over (the key's primary killed, its
+//!   replica promoted, the old primary started again as a replica); PostgreSQL is crashed and restarted (`-m immediate`), which loses
 //!   nothing, so the history says nothing is lost;
 //! - and, here only, processes crash: nothing more leaves them, their calls are gone, and a new
 //!   runtime takes their place after a while.
@@ -60,7 +61,7 @@ const LONGEST_STOP_MS: u64 = 700;
 /// The servers a run plays on.
 enum Kind {
     Redis(Mutex<RedisServer>),
-    Cluster(&'static RedisCluster),
+    Cluster(Mutex<RedisCluster>),
     Postgres(Mutex<PgCluster>),
 }
 
@@ -146,7 +147,7 @@ impl Server {
         match &self.kind {
             Kind::Redis(_) | Kind::Cluster(_) => {
                 let url = match (&self.kind, port) {
-                    (Kind::Cluster(c), _) => c.url(),
+                    (Kind::Cluster(c), _) => lock(c).url(),
                     (_, Some(p)) => format!("redis://127.0.0.1:{p}"),
                     (_, None) => format!("redis://127.0.0.1:{}", self.port().unwrap()),
                 };
@@ -176,6 +177,14 @@ struct Upset<'a> {
 impl Drop for Upset<'_> {
     fn drop(&mut self) {
         *lock(&self.server.calm_from) = Instant::now() + RECOVERY;
+    }
+}
+
+/// The Cluster of a Cluster run.
+fn cluster(server: &Server) -> std::sync::MutexGuard<'_, RedisCluster> {
+    match &server.kind {
+        Kind::Cluster(c) => lock(c),
+        _ => panic!("not a cluster"),
     }
 }
 
@@ -405,11 +414,18 @@ async fn play(
                             let srv = server.clone();
                             off_runtime(move || redis(&srv).resume()).await;
                         }
-                        &Kind::Cluster(c) => {
-                            let port = off_runtime(move || c.primary_for_key(&first_record)).await;
-                            c.node(port).pause();
+                        Kind::Cluster(_) => {
+                            let srv = server.clone();
+                            let port = off_runtime(move || {
+                                let c = cluster(&srv);
+                                let port = c.primary_for_key(&first_record);
+                                c.node(port).pause();
+                                port
+                            })
+                            .await;
                             tokio::time::sleep(stop).await;
-                            c.node(port).resume();
+                            let srv = server.clone();
+                            off_runtime(move || cluster(&srv).node(port).resume()).await;
                         }
                     }
                 }
@@ -419,8 +435,12 @@ async fn play(
     for l in &schedule.losses {
         let (server, h, at, key) = (server.clone(), history.clone(), start + ms(l.at_ms), full_key(l.key, false));
         let record = record_key(&key);
+        // A third of the Cluster's losses are failovers: the key's primary killed, its replica
+        // promoted (writes it had not replicated are lost), the old primary back as a replica.
+        let failover = l.at_ms % 3 == 0;
         count(match &server.kind {
             Kind::Redis(_) => "server killed and restarted empty",
+            Kind::Cluster(_) if failover => "primary killed, replica promoted",
             Kind::Cluster(_) => "record lost",
             Kind::Postgres(_) => "server crashed and restarted",
         });
@@ -443,8 +463,32 @@ async fn play(
                     })
                     .await;
                 }
-                &Kind::Cluster(c) => {
-                    let _ = off_runtime(move || c.command(&["DEL", &record])).await;
+                Kind::Cluster(_) if failover => {
+                    off_runtime(move || {
+                        let mut c = cluster(&srv);
+                        let primary = c.primary_for_key(&record);
+                        let replica = c.replica_of(primary);
+                        c.kill(primary);
+                        // What the primary had not replicated is lost at the promotion: every
+                        // record of every schedule on it may be (the history says so for all,
+                        // before and after, so that no window misses the loss).
+                        let lose_all = |srv: &Server| {
+                            for (h, keys) in lock(&srv.running).values() {
+                                for k in keys {
+                                    h.record(Event::Lose { key: k.clone() });
+                                }
+                            }
+                        };
+                        lose_all(&srv);
+                        c.wait_for_promotion(replica, Duration::from_secs(30));
+                        lose_all(&srv);
+                        c.restart_node(primary);
+                        c.wait_healthy(Duration::from_secs(30));
+                    })
+                    .await;
+                }
+                Kind::Cluster(_) => {
+                    let _ = off_runtime(move || cluster(&srv).command(&["DEL", &record])).await;
                     h.record(Event::Lose { key });
                 }
                 Kind::Postgres(_) => {
@@ -561,7 +605,7 @@ fn explore_valkey() {
 
 #[test]
 fn explore_cluster() {
-    explore(Server::new(Kind::Cluster(RedisCluster::shared())), false);
+    explore(Server::new(Kind::Cluster(Mutex::new(RedisCluster::start()))), false);
 }
 
 #[test]

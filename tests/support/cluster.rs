@@ -273,6 +273,12 @@ impl RedisCluster {
         self.nodes.iter_mut().find(|n| n.port() == port).expect("no such node").kill();
     }
 
+    /// Starts the node on `port` again (after [`kill`](Self::kill)): it keeps its `nodes.conf`,
+    /// so it rejoins, as a replica if its slots were failed over meanwhile.
+    pub fn restart_node(&mut self, port: u16) {
+        self.nodes.iter_mut().find(|n| n.port() == port).expect("no such node").restart();
+    }
+
     /// Waits until every live node says `cluster_state:ok` with all 16384 slots served by live
     /// primaries, and knows all six nodes.
     pub fn wait_healthy(&self, limit: Duration) {
