@@ -41,7 +41,7 @@ cargo test -p idempotent-core --no-default-features --features redis --lib
 echo "== packaging: every crate packages and builds from its tarball; a crate outside the workspace runs on them"
 bash scripts/package-check.sh
 
-echo "== the explorer: fixed seeds, then a random one (printed), deterministic layer, bounded"
+echo "== the explorer, deterministic layer: fixed seeds, then a random one (printed), bounded (its layer on real servers ran with the suite: tests/explore_servers.rs)"
 bash scripts/explore.sh --seed 1 --schedules 20000
 bash scripts/explore.sh --minutes 1
 
