@@ -26,7 +26,7 @@
 //!
 //! Its rooms: [`harness`] (rows, timing, the table), [`counters`] (what the servers count),
 //! [`ops`] (the operations timed), [`telemetry`], [`checks`] (the exact counts), [`redis_rows`],
-//! [`pg_rows`], [`chart`].
+//! [`mod@pg_rows`], [`chart`].
 
 #[path = "../../tests/support/mod.rs"]
 #[allow(unused_imports)]
