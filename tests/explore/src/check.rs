@@ -307,8 +307,11 @@ pub fn check(events: &[(Micros, Event)]) -> Report {
         });
         done.min().map(|d| (first_sent, d))
     };
+    // A purge that may have landed after `after` (its answer came later) and before `before` (it
+    // was sent earlier): a purge waits in a client's queue while its connection is down, and
+    // lands when it is back.
     let purged = |key: &str, after: Micros, before: Micros| {
-        r.purges.iter().any(|(k, sent, done, _, _)| k == key && *sent > after && *done < before)
+        r.purges.iter().any(|(k, sent, done, _, _)| k == key && *done > after && *sent < before)
     };
 
     // I2: a second execution while the first's record is surely kept.
@@ -322,7 +325,7 @@ pub fn check(events: &[(Micros, Event)]) -> Report {
         for y in bodies.iter().filter(|c| c.key == x.key && c.id != x.id) {
             let Some((sent, answered)) = acquired(&y.body.as_ref().expect("a body").owner) else { continue };
             if sent > done && answered + span(Duration::from_millis(1)) < kept_until {
-                if taken_away(&x.key, first_sent, answered) || purged(&x.key, x.invoke, answered) {
+                if taken_away(&x.key, first_sent, answered) || purged(&x.key, first_sent, answered) {
                     *exceptions.entry("record taken away (store loss or purge)").or_default() += 1;
                     continue;
                 }
@@ -352,10 +355,12 @@ pub fn check(events: &[(Micros, Event)]) -> Report {
     // A purge of `c`'s key sent after `done` and before `before` (so that it may have landed
     // before an acquisition answered then), whose broadcast had not reached `c`'s process when `c`
     // was answered.
-    let undelivered_purge = |c: &CallInfo, done: Micros, before: Micros| {
-        r.purges.iter().any(|(k, sent, _, _, _)| {
+    // A purge that may have deleted the record stored from `after` on (it was answered later),
+    // sent before `before`, whose broadcast had not reached `c`'s process when `c` was invoked.
+    let undelivered_purge = |c: &CallInfo, after: Micros, before: Micros| {
+        r.purges.iter().any(|(k, sent, at, _, _)| {
             *k == c.key
-                && *sent > done
+                && *at > after
                 && *sent < before
                 && !r.delivered.iter().any(|(p, dk, dt)| *p == c.proc && dk == k && *dt > *sent && *dt < c.invoke)
         })
@@ -378,7 +383,7 @@ pub fn check(events: &[(Micros, Event)]) -> Report {
                 && matches!(&o.answer, Some((at, OpResult::Acquired { .. })) if *at < read)
                 // A cached copy answers until a purge's broadcast reaches its process: an
                 // acquisition the purge made possible does not end it before that.
-                && !(*cached && o.answer.as_ref().is_some_and(|(at, _)| undelivered_purge(c, done, *at)))
+                && !(*cached && o.answer.as_ref().is_some_and(|(at, _)| undelivered_purge(c, first_sent, *at)))
         }) {
             Some(format!("another acquisition, sent at {} us, found the key free", us(y.sent)))
         } else if let Some((_, sent, at, _, _)) = r.purges.iter().find(|(k, sent, at, _, deleted)| {
@@ -649,6 +654,46 @@ mod tests {
             .invoke(200 * MS, 4, 0)
             .ret(200 * MS, 4, replayed("v0", false));
         assert_eq!(failed.check(), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn i2_a_purge_queued_before_the_commit_may_land_after_it() {
+        // The purge was sent at 90 ms, before the record's commit (100 ms), and answered at 130
+        // ms (it waited in a client's queue): it may have deleted that record, so the second
+        // execution at 150 ms is not a violation. Answered before the commit was sent, it could
+        // not have been.
+        let h = |answered: Micros| {
+            H::default()
+                .ran(90 * MS, 0, 1, 10, 1000)
+                .at(answered, Event::Purge { key: "k".into(), force: false, sent: 90 * MS, deleted: true })
+                .ran(150 * MS, 1, 2, 10, 1000)
+        };
+        assert_eq!(h(130 * MS).check(), Vec::<&str>::new());
+        assert!(h(95 * MS).check().contains(&"I2"));
+    }
+
+    #[test]
+    fn i3_a_commit_answered_after_a_purge_fills_the_cache_until_the_broadcast() {
+        // The commit was sent at 10 ms and answered at 60; a purge sent at 50 ms deleted the
+        // record; another acquisition took the key at 70; the cached copy answers at 80. Before
+        // the broadcast reaches the process (90 ms) that is the documented bound; after it (78
+        // ms), a violation.
+        let base = || {
+            H::default()
+                .invoke(0, 0, 1000)
+                .op(0, 0, 0, OpKind::Acquire, OpResult::Acquired { fence: 1 })
+                .body(0, 10 * MS, 0, 1)
+                .op(10 * MS, 60 * MS, 0, OpKind::Commit, OpResult::Done)
+                .ret(60 * MS, 0, Returned::Ok { value: "v0".into(), replayed: false, cached: false, stored: true })
+                .at(55 * MS, Event::Purge { key: "k".into(), force: false, sent: 50 * MS, deleted: true })
+                .op(70 * MS, 72 * MS, 2, OpKind::Acquire, OpResult::Acquired { fence: 2 })
+                .invoke(80 * MS, 4, 0)
+                .ret(80 * MS, 4, replayed("v0", true))
+        };
+        let late = base().at(90 * MS, Event::PurgeDelivered { proc: 0, key: "k".into() });
+        assert_eq!(late.check(), Vec::<&str>::new());
+        let early = base().at(78 * MS, Event::PurgeDelivered { proc: 0, key: "k".into() });
+        assert_eq!(early.check(), vec!["I3"]);
     }
 
     #[test]
