@@ -38,7 +38,7 @@ use idempotency::{Idempotency, PgStore, RedisStore, Store};
 use idempotent_explore::check::check;
 use idempotent_explore::history::{Event, History, Returned};
 use idempotent_explore::recorded::Recorded;
-use idempotent_explore::run::{full_key, one_call, probe_every_key, quiet_planned_panics};
+use idempotent_explore::run::{full_key, one_call, probe_every_key, process_runtime, quiet_planned_panics};
 use idempotent_explore::schedule::{server_schedule, Crash, FaultKind, Schedule};
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
@@ -90,6 +90,16 @@ impl Server {
             running: Mutex::default(),
             quiet: tokio::sync::RwLock::new(()),
             calm_from: Mutex::new(Instant::now()),
+        }
+    }
+
+    /// Records in every schedule playing on the server that each of its records is lost (a
+    /// restart that empties the server, a failover).
+    fn lose_everything(&self) {
+        for (h, keys) in lock(&self.running).values() {
+            for k in keys {
+                h.record(Event::Lose { key: k.clone() });
+            }
         }
     }
 
@@ -358,14 +368,10 @@ async fn play(
     }
     let (admin_store, admin_redis) = server.connect(n, None, Duration::from_secs(2), false).await;
     drop(quiet);
-    let runtime = |p: usize, recorded: Arc<Recorded>| {
-        let builder = Idempotency::builder_shared(recorded).wait_recheck(ms(50));
-        if schedule.caches[p] { builder.replay_cache(1000) } else { builder }.build()
-    };
     let lives: Vec<Arc<Mutex<Life>>> = (0..procs)
         .map(|p| {
             let recorded = Arc::new(Recorded::new(p, inner[p].clone(), history.clone()));
-            let idem = runtime(p, recorded.clone());
+            let idem = process_runtime(recorded.clone(), schedule.caches[p]);
             Arc::new(Mutex::new(Life { idem: Some(idem), recorded, crashed: watch::channel(false).0 }))
         })
         .collect();
@@ -465,12 +471,7 @@ async fn play(
                     off_runtime(move || {
                         let mut s = redis(&srv);
                         s.kill();
-                        // Every schedule on the server lost every record.
-                        for (h, keys) in lock(&srv.running).values() {
-                            for k in keys {
-                                h.record(Event::Lose { key: k.clone() });
-                            }
-                        }
+                        srv.lose_everything();
                         s.restart();
                     })
                     .await;
@@ -482,18 +483,11 @@ async fn play(
                         let replica = c.replica_of(primary);
                         c.kill(primary);
                         // What the primary had not replicated is lost at the promotion: every
-                        // record of every schedule on it may be (the history says so for all,
-                        // before and after, so that no window misses the loss).
-                        let lose_all = |srv: &Server| {
-                            for (h, keys) in lock(&srv.running).values() {
-                                for k in keys {
-                                    h.record(Event::Lose { key: k.clone() });
-                                }
-                            }
-                        };
-                        lose_all(&srv);
+                        // record of every schedule on it may be (the history says so before and
+                        // after, so that no window misses the loss).
+                        srv.lose_everything();
                         c.wait_for_promotion(replica, Duration::from_secs(30));
-                        lose_all(&srv);
+                        srv.lose_everything();
                         c.restart_node(primary);
                         c.wait_healthy(Duration::from_secs(30));
                     })
@@ -542,8 +536,7 @@ async fn play(
             }
             tokio::time::sleep(ms(c.down_ms)).await;
             let recorded = Arc::new(lock(&life).recorded.successor());
-            let builder = Idempotency::builder_shared(recorded.clone()).wait_recheck(ms(50));
-            let idem = if cache { builder.replay_cache(1000) } else { builder }.build();
+            let idem = process_runtime(recorded.clone(), cache);
             let mut l = lock(&life);
             *l = Life { idem: Some(idem), recorded, crashed: watch::channel(false).0 };
         });

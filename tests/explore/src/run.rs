@@ -51,6 +51,13 @@ pub fn quiet_planned_panics() {
     });
 }
 
+/// A simulated process's runtime on `store`: waiters recheck every 50 ms, and with `cache`, a
+/// replay cache of 1,000 entries. Both layers build their processes with it.
+pub fn process_runtime(store: Arc<dyn idempotency::Store>, cache: bool) -> Idempotency {
+    let builder = Idempotency::builder_shared(store).wait_recheck(ms(50));
+    if cache { builder.replay_cache(1000) } else { builder }.build()
+}
+
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
@@ -128,14 +135,8 @@ async fn play_in(schedule: &Schedule, store: Store) -> History {
         })
         .collect();
     let longest_timeout = ms(schedule.timeouts_ms.iter().copied().max().unwrap_or(0));
-    let idems: Vec<Idempotency> = stores
-        .iter()
-        .zip(&schedule.caches)
-        .map(|(s, &cache)| {
-            let builder = Idempotency::builder_shared(s.clone()).wait_recheck(ms(50));
-            if cache { builder.replay_cache(1000) } else { builder }.build()
-        })
-        .collect();
+    let idems: Vec<Idempotency> =
+        stores.iter().zip(&schedule.caches).map(|(s, &cache)| process_runtime(s.clone(), cache)).collect();
     let admin = Idempotency::builder_shared(backend.store()).build();
 
     // Tokens issued by process 0 for each key: every process must take them (they share the
