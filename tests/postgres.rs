@@ -18,6 +18,7 @@ use idempotency::store::postgres::PgTransaction;
 use idempotency::store::{Inspected, RecordState};
 use idempotency::{Call, CallContext, Error, Force, Idempotency, OnConflict, PgStore, StoreErrorKind};
 use support::postgres::{shared_database, unique_schema, PgCluster};
+use support::proxy::Proxy;
 use support::{eventually, ms, AppError, R};
 use tokio::time::Instant;
 
@@ -476,6 +477,55 @@ async fn restart_mid_body_leaves_no_effect_and_no_stuck_key() {
     println!("the transactional key ran again {:?} after the restart began (lease {lease:?})", freed.1);
     let counts = effects(&store, schema).await;
     assert_eq!(counts.get("tx"), Some(&1), "{counts:?}");
+}
+
+/// Opening a connection can take longer than a call may wait: after a restart on a loaded machine
+/// the server is slow to take connections, and under a short store timeout (here 100 ms, while
+/// the relay holds each new connection for 200 ms) no call can open one in time. The pools were
+/// emptied by the restart and stayed empty: every call failed, and a running body's renewals too,
+/// until its lease was lost. A connection is opened within the connect timeout whether the call
+/// that needed it still waits or not: the calls right after the restart fail, the next ones
+/// succeed, and the body that ran across the restart keeps its lease and commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restart_the_pools_refill_though_connecting_takes_longer_than_a_call_may_wait() {
+    let mut cluster = tokio::task::block_in_place(PgCluster::start);
+    let relay = Proxy::start(cluster.port());
+    let url = format!("postgres://postgres@127.0.0.1:{}/postgres", relay.port());
+    let builder = PgStore::builder(&url).timeout(ms(100)).connect_timeout(Duration::from_secs(5));
+    let store = builder.schema("refill").migrate().connect().await.expect("connect");
+    let idem = Idempotency::new(store.clone());
+    let before: R<u32> = idem.run(Call::new("before"), || async { Ok(1) }).await;
+    assert_eq!(before.unwrap(), 1);
+
+    let (running_tx, running) = tokio::sync::oneshot::channel();
+    let id = idem.clone();
+    let across = tokio::spawn(async move {
+        id.run(Call::new("across").ttl(Duration::from_secs(2)), || async {
+            let _ = running_tx.send(());
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            R::Ok(2u32)
+        })
+        .await
+    });
+    running.await.unwrap();
+    relay.set_connect_delay(ms(200));
+    tokio::task::block_in_place(|| cluster.restart_immediate());
+
+    let mut failed = Vec::new();
+    loop {
+        let call = Call::new(format!("after-{}", failed.len()));
+        match idem.run(call, || async { R::Ok(3u32) }).await {
+            Ok(v) => break assert_eq!(v, 3),
+            Err(AppError::Idem(Error::Store { source, .. })) => failed.push(source.to_string()),
+            Err(e) => panic!("{e:?}"),
+        }
+        assert!(failed.len() < 20, "20 calls after the restart failed; the last: {}", failed[19]);
+        tokio::time::sleep(ms(50)).await;
+    }
+    println!("{} calls failed after the restart before one succeeded: {failed:?}", failed.len());
+    assert_eq!(across.await.unwrap().unwrap(), 2, "the body that ran across the restart lost its lease");
+    let replay: R<u32> = idem.run(Call::new("across"), || async { Ok(4) }).await;
+    assert_eq!(replay.unwrap(), 2, "the commit after the restart did not land");
 }
 
 /// Connections killed with `pg_terminate_backend`: a transactional body's own connection (the call

@@ -274,6 +274,11 @@ impl PgCluster {
         format!("postgres://postgres@127.0.0.1:{}", self.port)
     }
 
+    /// The port the server listens on (127.0.0.1).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     /// The URL of database `db`.
     pub fn url(&self, db: &str) -> String {
         format!("{}/{db}", self.base_url())

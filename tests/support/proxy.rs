@@ -1,8 +1,10 @@
 //! A fault-injecting TCP proxy between a Redis client and a Redis server, on a free port and a
 //! thread of its own, with switchable faults: added latency per direction, all connections
 //! dropped at once, one connection cut after a number of bytes or in the middle of a chosen
-//! command or of its reply, and a black hole (bytes are read and thrown away, nothing is
-//! forwarded or answered).
+//! command or of its reply, a black hole (bytes are read and thrown away, nothing is
+//! forwarded or answered), and a delay before each new connection reaches the server (a server
+//! slow to take connections, as one is after a restart under load). It relays any TCP protocol:
+//! PostgreSQL's too.
 
 use std::collections::HashMap;
 use std::io::ErrorKind;
@@ -54,6 +56,7 @@ pub struct ProxyStats {
 struct State {
     upstream: AtomicU16,
     latency_us: [AtomicU64; 2],
+    connect_delay_us: AtomicU64,
     black_hole: AtomicBool,
     cut: Mutex<Option<Cut>>,
     conns: Mutex<HashMap<u64, AbortHandle>>,
@@ -134,6 +137,7 @@ impl Proxy {
         let state = Arc::new(State {
             upstream: AtomicU16::new(upstream),
             latency_us: [AtomicU64::new(0), AtomicU64::new(0)],
+            connect_delay_us: AtomicU64::new(0),
             black_hole: AtomicBool::new(false),
             cut: Mutex::new(None),
             conns: Mutex::new(HashMap::new()),
@@ -168,6 +172,11 @@ impl Proxy {
         self.state.upstream.store(upstream, SeqCst);
     }
 
+    /// The port the proxy listens on (127.0.0.1).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     /// A `redis://` URL through the proxy.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
@@ -177,6 +186,13 @@ impl Proxy {
     /// serialize).
     pub fn set_latency(&self, dir: Direction, latency: Duration) {
         self.state.latency_us[dir as usize].store(latency.as_micros() as u64, SeqCst);
+    }
+
+    /// Holds each connection accepted from now on for `delay` before connecting it to the server
+    /// (what the client sends meanwhile waits in its socket): opening a connection takes at least
+    /// `delay`. Connections already open are not slowed.
+    pub fn set_connect_delay(&self, delay: Duration) {
+        self.state.connect_delay_us.store(delay.as_micros() as u64, SeqCst);
     }
 
     /// Closes every open connection now; returns how many.
@@ -213,11 +229,12 @@ impl Proxy {
         self.state.black_hole.store(true, SeqCst);
     }
 
-    /// Back to healthy: no latency, no armed cut; after a black hole, the connections that lost
+    /// Back to healthy: no latency, no connect delay, no armed cut; after a black hole, the connections that lost
     /// bytes in it are dropped (their protocol streams are broken), so clients reconnect.
     pub fn heal(&self) {
         self.set_latency(Direction::Up, Duration::ZERO);
         self.set_latency(Direction::Down, Duration::ZERO);
+        self.set_connect_delay(Duration::ZERO);
         self.disarm();
         if self.state.black_hole.swap(false, SeqCst) {
             self.drop_all();
@@ -260,6 +277,10 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>) {
         let mut conns = lock(&state.conns);
         let task = tokio::spawn(async move {
             let _registered = Deregister(st.clone(), id);
+            let delay = Duration::from_micros(st.connect_delay_us.load(SeqCst));
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
             if let Ok(server) = TcpStream::connect(("127.0.0.1", st.upstream.load(SeqCst))).await {
                 let _ = server.set_nodelay(true);
                 serve(&st, &client, &server).await;

@@ -140,7 +140,9 @@ impl PgStoreBuilder {
         self
     }
 
-    /// The bound on connecting, checking the table and migrating (default 5 s).
+    /// The bound on connecting, checking the table and migrating (default 5 s); and on opening
+    /// each connection later (after a restart, say), which goes on in the background when the
+    /// call that needed it gives up first (see docs/postgres.md, "Bounds").
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
@@ -199,21 +201,15 @@ impl PgStoreBuilder {
             .map_err(named)?
             .application_name(&self.application_name)
             .options([("statement_timeout", millis(self.timeout).to_string())]);
-        let side = |connections: u32| {
-            PoolOptions::<Postgres>::new()
-                .max_connections(connections)
-                .min_connections(0)
-                // Below the call's own bound, so that a database that cannot be reached is
-                // reported as such rather than as a timeout.
-                .acquire_timeout(self.timeout.mul_f64(0.8))
-        };
-        let pool: PgPool = side(self.pool_size).connect_lazy_with(options.clone());
-        let control: PgPool = side(CONTROL_CONNECTIONS).connect_lazy_with(options.clone());
+        // Opening a connection is bounded by the connect timeout, not by a call's: see pools.rs.
+        let side = |connections: u32| pools::options(connections, self.connect_timeout);
+        let pool = Pool::lazy(side(self.pool_size), options.clone());
+        let control = Pool::lazy(side(CONTROL_CONNECTIONS), options.clone());
         let listen_pool: PgPool = side(1).max_lifetime(None).idle_timeout(None).connect_lazy_with(options);
         let sql = Statements::new(&self.schema, &self.table);
         let table = format!("\"{}\".\"{}\"", self.schema, self.table);
         let ready = async {
-            let mut conn = pool.acquire().await.map_err(|e| pg_error("connect", e))?;
+            let mut conn = pool.sqlx().acquire().await.map_err(|e| pg_error("connect", e))?;
             if self.migrate {
                 sqlx::raw_sql(&sql.migrate).execute(&mut *conn).await.map_err(|e| pg_error("migrate", e))?;
             }
@@ -239,6 +235,7 @@ impl PgStoreBuilder {
             sql,
             table,
             timeout: self.timeout,
+            connect_timeout: self.connect_timeout,
             begin,
             flights: Flights::default(),
             listener: OnceCell::new(),

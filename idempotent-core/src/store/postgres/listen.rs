@@ -56,11 +56,17 @@ impl Shared {
 }
 
 impl Listener {
-    /// Starts listening on `watch_channel` and `purge_channel` from a task of its own.
-    pub(crate) fn start(pool: PgPool, watch_channel: String, purge_channel: String, timeout: Duration) -> Listener {
+    /// Starts listening on `watch_channel` and `purge_channel` from a task of its own, each
+    /// connection opened within `connect_timeout` (whoever waits for it waits less: `ready`).
+    pub(crate) fn start(
+        pool: PgPool,
+        watch_channel: String,
+        purge_channel: String,
+        connect_timeout: Duration,
+    ) -> Listener {
         let (tx, listening) = watch::channel(false);
         let shared = Arc::new(Shared { channels: Channels::default(), purges: Mutex::default(), listening: tx });
-        let task = tokio::spawn(run(pool, watch_channel, purge_channel, timeout, shared.clone()));
+        let task = tokio::spawn(run(pool, watch_channel, purge_channel, connect_timeout, shared.clone()));
         Listener { shared, listening, task }
     }
 

@@ -6,12 +6,11 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sqlx::pool::PoolOptions;
-use sqlx::postgres::{PgConnectOptions, PgPool, PgRow};
+use sqlx::postgres::{PgArguments, PgConnectOptions, PgPool, PgRow};
+use sqlx::query::Query;
 use sqlx::{Postgres, Row};
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
@@ -23,14 +22,18 @@ use super::{
 use crate::error::{StoreError, StoreErrorKind};
 
 mod builder;
+mod errors;
 mod flights;
 mod listen;
+mod pools;
 mod rows;
 mod sql;
 mod transaction;
 
 pub use builder::PgStoreBuilder;
+pub(crate) use errors::pg_error;
 use flights::{Failed, Flights};
+use pools::Pool;
 use rows::{fence_param, found, millis, record_state, view};
 pub(crate) use rows::{stored, unstored};
 pub use sqlx;
@@ -71,17 +74,19 @@ const CONTROL_CONNECTIONS: u32 = 2;
 
 struct Inner {
     /// Acquires, commits, operators' reads, transactional bodies.
-    pool: PgPool,
+    pool: Pool,
     /// Renewals and releases, on connections of their own: bodies (a transactional one holds a
     /// connection of `pool` for as long as it runs) can fill `pool`, and a lease must still be
     /// renewed and a key still given back.
-    control: PgPool,
+    control: Pool,
     /// The `LISTEN` connection, on a pool of its own: it holds its connection for good.
     listen_pool: PgPool,
     sql: Statements,
     /// `"schema"."table"`.
     table: String,
     timeout: Duration,
+    /// How long opening a connection may take (the `LISTEN` connection's too).
+    connect_timeout: Duration,
     /// What a transactional body's transaction begins with.
     begin: String,
     /// Acquires in flight, and what became of those that failed: see `abandon`.
@@ -104,7 +109,7 @@ impl PgStore {
     /// The connection pool, for queries of your own next to the store's (its sessions carry the
     /// store's `statement_timeout`).
     pub fn pool(&self) -> &PgPool {
-        &self.inner.pool
+        self.inner.pool.sqlx()
     }
 
     /// The records table, quoted and qualified: `"public"."idempotency"`. For operators and
@@ -133,7 +138,7 @@ impl PgStore {
     pub async fn migrate(&self) -> Result<(), StoreError> {
         within("migrate", self.inner.timeout, async {
             sqlx::raw_sql(&self.inner.sql.migrate)
-                .execute(&self.inner.pool)
+                .execute(self.inner.pool.sqlx())
                 .await
                 .map(drop)
                 .map_err(|e| pg_error("migrate", e))
@@ -143,14 +148,31 @@ impl PgStore {
 
     /// Closes the store's connections.
     pub async fn close(&self) {
-        self.inner.pool.close().await;
-        self.inner.control.close().await;
+        self.inner.pool.sqlx().close().await;
+        self.inner.control.sqlx().close().await;
         self.inner.listen_pool.close().await;
     }
 
-    /// Runs `statement` with the store's client-side bound; `op` names it in errors.
-    async fn bounded<T>(&self, op: &str, fut: impl Future<Output = Result<T, sqlx::Error>>) -> Result<T, StoreError> {
-        within(op, self.inner.timeout, async { fut.await.map_err(|e| pg_error(op, e)) }).await
+    /// Runs `query` on a connection of `pool` and returns its rows, the whole within the store's
+    /// timeout; `op` names it in errors.
+    async fn rows(
+        &self,
+        op: &str,
+        pool: &Pool,
+        query: Query<'_, Postgres, PgArguments>,
+    ) -> Result<Vec<PgRow>, StoreError> {
+        let (timeout, deadline) = (self.inner.timeout, Instant::now() + self.inner.timeout);
+        let mut conn = pool.connection(op, deadline, timeout).await?;
+        match tokio::time::timeout_at(deadline, query.fetch_all(&mut *conn)).await {
+            Ok(rows) => rows.map_err(|e| pg_error(op, e)),
+            Err(_) => Err(StoreError::timeout(op, timeout)),
+        }
+    }
+
+    /// The one row `query` answers (see `rows`).
+    async fn row(&self, op: &str, pool: &Pool, query: Query<'_, Postgres, PgArguments>) -> Result<PgRow, StoreError> {
+        let rows = self.rows(op, pool, query).await?;
+        rows.into_iter().next().ok_or_else(|| StoreError::new(StoreErrorKind::Reply, format!("{op}: no row")))
     }
 
     async fn acquire_inner(&self, req: AcquireRequest<'_>) -> Result<AcquireOutcome, StoreError> {
@@ -180,10 +202,7 @@ impl PgStore {
     ) -> Result<AcquireOutcome, Failed> {
         let deadline = Instant::now() + self.inner.timeout;
         let timeout = self.inner.timeout;
-        let mut conn = tokio::time::timeout_at(deadline, self.inner.pool.acquire())
-            .await
-            .map_err(|_| Failed::unsent(StoreError::timeout("acquire", timeout)))?
-            .map_err(|e| Failed::unsent(pg_error("acquire", e)))?;
+        let mut conn = self.inner.pool.connection("acquire", deadline, timeout).await.map_err(Failed::unsent)?;
         for _ in 0..8 {
             let query = sqlx::query(&self.inner.sql.acquire)
                 .bind(stored(key))
@@ -231,7 +250,7 @@ impl PgStore {
         let owners: Vec<&str> = leases.iter().map(|l| l.owner).collect();
         let ms: Vec<i64> = leases.iter().map(|l| millis(l.lease)).collect();
         let query = sqlx::query(&self.inner.sql.renew).bind(&keys).bind(owners).bind(ms);
-        let rows = self.bounded("renew", query.fetch_all(&self.inner.control)).await?;
+        let rows = self.rows("renew", &self.inner.control, query).await?;
         let mut held = std::collections::HashSet::with_capacity(rows.len());
         for row in &rows {
             let key: &str = row.try_get(0).map_err(|e| pg_error("renew", e))?;
@@ -255,7 +274,7 @@ impl PgStore {
             .bind(req.fingerprint)
             .bind(req.result)
             .bind(millis(req.keep));
-        let row = self.bounded("commit", query.fetch_one(&self.inner.pool)).await?;
+        let row = self.row("commit", &self.inner.pool, query).await?;
         let done: i64 = row.try_get("done").map_err(|e| pg_error("commit", e))?;
         Ok(if done > 0 { Transition::Done } else { Transition::Lost })
     }
@@ -263,7 +282,7 @@ impl PgStore {
     /// Deletes `owner`'s row at `key` (release, or a commit with nothing to keep).
     async fn remove(&self, op: &str, key: &str, owner: &str) -> Result<Removed, StoreError> {
         let query = sqlx::query(&self.inner.sql.remove).bind(stored(key)).bind(owner);
-        let row = self.bounded(op, query.fetch_one(&self.inner.control)).await?;
+        let row = self.row(op, &self.inner.control, query).await?;
         let get = |name: &str| row.try_get::<bool, _>(name).map_err(|e| pg_error(op, e));
         Ok(if get("released")? {
             Removed::Ours
@@ -326,7 +345,7 @@ impl PgStore {
                     self.inner.listen_pool.clone(),
                     self.inner.sql.watch_channel.clone(),
                     self.inner.sql.purge_channel.clone(),
-                    self.inner.timeout,
+                    self.inner.connect_timeout,
                 )
             })
             .await;
@@ -345,7 +364,7 @@ impl PgStore {
 
     async fn inspect_inner(&self, key: &str) -> Result<Inspected, StoreError> {
         let query = sqlx::query(&self.inner.sql.inspect).bind(stored(key));
-        let row = self.bounded("inspect", query.fetch_optional(&self.inner.pool)).await?;
+        let row = self.rows("inspect", &self.inner.pool, query).await?.into_iter().next();
         Ok(match row {
             Some(row) => Inspected::Record(view(&row).map_err(|e| pg_error("inspect", e))?),
             None => Inspected::Absent,
@@ -354,7 +373,7 @@ impl PgStore {
 
     async fn forget_inner(&self, key: &str, force: bool) -> Result<Forgotten, StoreError> {
         let query = sqlx::query(&self.inner.sql.forget).bind(stored(key)).bind(force);
-        let row = self.bounded("forget", query.fetch_one(&self.inner.pool)).await?;
+        let row = self.row("forget", &self.inner.pool, query).await?;
         let state = |name: &str| -> Result<Option<RecordState>, StoreError> {
             let state: Option<&str> = row.try_get(name).map_err(|e| pg_error("forget", e))?;
             Ok(state.map(record_state))
@@ -373,7 +392,7 @@ impl PgStore {
         let limit = i64::try_from(count.max(1)).unwrap_or(i64::MAX);
         let prefix = stored(prefix);
         let query = sqlx::query(&self.inner.sql.scan).bind(&*prefix).bind(cursor.unwrap_or("")).bind(limit);
-        let rows = self.bounded("scan", query.fetch_all(&self.inner.pool)).await?;
+        let rows = self.rows("scan", &self.inner.pool, query).await?;
         let mut page = ScanPage { examined: rows.len(), ..ScanPage::default() };
         let mut past_prefix = false;
         let mut last = None;
@@ -402,10 +421,7 @@ fn start_reaper(inner: std::sync::Weak<Inner>, every: Duration, batch: u32) -> t
             tokio::time::sleep(pause).await;
             let Some(inner) = inner.upgrade() else { return };
             let query = sqlx::query(&inner.sql.reap).bind(i64::from(batch));
-            let reaped = within("reap", inner.timeout, async {
-                query.execute(&inner.pool).await.map_err(|e| pg_error("reap", e))
-            })
-            .await;
+            let reaped = inner.pool.within("reap", inner.timeout, query.execute(inner.pool.sqlx())).await;
             pause = match reaped {
                 Ok(done) if done.rows_affected() >= u64::from(batch) => Duration::from_millis(10),
                 Ok(_) => every,
@@ -427,43 +443,6 @@ enum Removed {
     Absent,
     /// Another owner's row, or a completed one: left alone.
     Other,
-}
-
-/// An sqlx error as a store error, with the kind a caller can act on.
-pub(crate) fn pg_error(op: &str, e: sqlx::Error) -> StoreError {
-    use sqlx::Error as E;
-    let kind = match &e {
-        E::Database(db) => match db.code().as_deref().unwrap_or("") {
-            // query_canceled: the statement_timeout (or a cancel request).
-            "57014" => StoreErrorKind::Timeout,
-            "40001" | "40P01" => StoreErrorKind::Serialization,
-            // The server going away, refusing connections, or ending ours.
-            c if c.starts_with("08") || c.starts_with("57P") || c == "53300" => StoreErrorKind::Unavailable,
-            // Missing table or schema (not migrated), no permission, wrong database or login.
-            "42P01" | "3F000" | "42501" | "3D000" => {
-                let message = format!(
-                    "{op}: {} (the records table must exist with this store's schema and table: \
-                     PgStoreBuilder::migrate, or PgStore::schema_sql; and the user needs SELECT, INSERT, UPDATE, \
-                     DELETE on it and USAGE on its sequence; see docs/postgres.md)",
-                    db.message()
-                );
-                return StoreError::new(StoreErrorKind::Config, message).with_source(e);
-            }
-            c if c.starts_with("28") => StoreErrorKind::Config,
-            // Data exceptions (a value out of range, an interval too long) and syntax errors:
-            // the statement can never succeed as sent.
-            c if c.starts_with("22") || c.starts_with("42") => StoreErrorKind::Refused,
-            _ => StoreErrorKind::Backend,
-        },
-        E::Io(_) | E::Tls(_) | E::PoolClosed | E::WorkerCrashed => StoreErrorKind::Unavailable,
-        E::PoolTimedOut => {
-            let message = format!("{op}: no connection to the database within the store's timeout (is it up?)");
-            return StoreError::new(StoreErrorKind::Unavailable, message).with_source(e);
-        }
-        E::Configuration(_) => StoreErrorKind::Config,
-        _ => StoreErrorKind::Reply,
-    };
-    StoreError::new(kind, format!("{op}: {e}")).with_source(e)
 }
 
 impl Store for PgStore {

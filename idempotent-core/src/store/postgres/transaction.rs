@@ -123,8 +123,8 @@ impl PgStore {
 
     /// A transaction on the store's pool, its statements under the transactional timeout.
     async fn begin(&self) -> Result<PgTransaction, StoreError> {
-        let begin = self.inner.pool.begin_with(self.inner.begin.clone());
-        within("begin", self.inner.timeout, async { begin.await.map_err(|e| pg_error("begin", e)) }).await
+        let pool = &self.inner.pool;
+        pool.within("begin", self.inner.timeout, pool.sqlx().begin_with(self.inner.begin.clone())).await
     }
 
     /// Writes the completed record in `tx` (owner-checked) and commits; `Lost` (rolled back) when

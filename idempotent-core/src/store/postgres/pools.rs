@@ -1,0 +1,125 @@
+//! The store's connection pools, and how a statement takes a connection from one: within the
+//! call's own deadline, while opening a new connection is bounded by the connect timeout alone.
+//!
+//! A call that gives up waiting for a connection drops the connection it was opening with it.
+//! When opening one takes longer than a call may wait (a server slow to take connections after a
+//! restart under load, a short store timeout), every call would give up and the pool, emptied by
+//! the restart, would stay empty. So a call that gives up starts a refill: one background task
+//! per pool that opens a connection within the connect timeout and leaves it idle in the pool for
+//! the next call.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::pool::{PoolConnection, PoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgPool};
+use sqlx::Postgres;
+use tokio::time::Instant;
+
+use super::errors::pg_error;
+use crate::error::{StoreError, StoreErrorKind};
+
+/// A pool of connections, and whether a refill of it is under way.
+pub(crate) struct Pool {
+    pool: PgPool,
+    refilling: Arc<AtomicBool>,
+}
+
+/// The options of each of the store's pools: at most `connections`, opened lazily, each acquire
+/// (opening a connection included) bounded by `connect_timeout`. A call waits less (its own
+/// deadline: [`Pool::connection`]); what it leaves unopened, the refill opens.
+pub(crate) fn options(connections: u32, connect_timeout: Duration) -> PoolOptions<Postgres> {
+    PoolOptions::<Postgres>::new().max_connections(connections).min_connections(0).acquire_timeout(connect_timeout)
+}
+
+impl Pool {
+    /// A pool with `options`, its connections opened (lazily) from `connect`.
+    pub(crate) fn lazy(options: PoolOptions<Postgres>, connect: PgConnectOptions) -> Pool {
+        Pool { pool: options.connect_lazy_with(connect), refilling: Arc::new(AtomicBool::new(false)) }
+    }
+
+    /// The sqlx pool.
+    pub(crate) fn sqlx(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// A connection by `deadline` (`timeout` is how long the caller waits in all, for errors).
+    /// Unavailable if there is none by then: nothing was sent.
+    pub(crate) async fn connection(
+        &self,
+        op: &str,
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<PoolConnection<Postgres>, StoreError> {
+        match tokio::time::timeout_at(deadline, self.pool.acquire()).await {
+            Ok(Ok(conn)) => Ok(conn),
+            Ok(Err(e)) => {
+                self.refill();
+                Err(pg_error(op, e))
+            }
+            Err(_) => {
+                self.refill();
+                let message = format!("{op}: no connection to the database within {timeout:?} (is it up?)");
+                Err(StoreError::new(StoreErrorKind::Unavailable, message))
+            }
+        }
+    }
+
+    /// Runs `fut` (which takes a connection of this pool itself, like `pool.begin()`) within
+    /// `timeout`, refilling the pool if it does not finish in time.
+    pub(crate) async fn within<T>(
+        &self,
+        op: &str,
+        timeout: Duration,
+        fut: impl std::future::Future<Output = Result<T, sqlx::Error>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(timeout, fut).await {
+            Ok(done) => done.map_err(|e| pg_error(op, e)),
+            Err(_) => {
+                self.refill();
+                Err(StoreError::timeout(op, timeout))
+            }
+        }
+    }
+
+    /// In the background, takes every idle connection and one more (as many as the pool may
+    /// hand out now), each at once given back: each idle connection taken is checked, and one
+    /// found dead (after a restart) is replaced by a new one; each is opened within the pool's
+    /// acquire bound, the connect timeout. So after a restart the pool is whole again in about
+    /// one connect's time, rather than one call failing for each dead connection. Skipped while a
+    /// refill is under way, and outside a runtime.
+    fn refill(&self) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
+        if self.refilling.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (idle, size) = (self.pool.num_idle() as u32, self.pool.size());
+        let free = self.pool.options().get_max_connections().saturating_sub(size.saturating_sub(idle));
+        let count = (idle + 1).min(free);
+        let (pool, refilling) = (self.pool.clone(), Done(self.refilling.clone()));
+        rt.spawn(async move {
+            let _refilling = refilling;
+            let mut taking = tokio::task::JoinSet::new();
+            for _ in 0..count {
+                let pool = pool.clone();
+                // Given back (idle) as soon as it is taken.
+                taking.spawn(async move { pool.acquire().await.map(drop) });
+            }
+            while let Some(took) = taking.join_next().await {
+                if let Ok(Err(e)) = took {
+                    tracing::debug!(error = %e, "idempotency store: no connection opened in the background");
+                }
+            }
+        });
+    }
+}
+
+/// Marks a refill done when its task ends, or is dropped with its runtime.
+struct Done(Arc<AtomicBool>);
+
+impl Drop for Done {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
