@@ -32,6 +32,7 @@ all_stores!(
     token_runs_once_then_replays,
     token_second_submit_rejected_by_policy,
     unknown_expired_or_used_token_is_invalid,
+    a_used_tokens_record_is_kept_until_the_token_expires,
     failed_attempt_leaves_the_token_usable,
     token_double_click_runs_once,
     crashed_token_holder_frees_the_token_after_its_lease,
@@ -487,6 +488,38 @@ async fn unknown_expired_or_used_token_is_invalid(backend: Backend) {
     tokio::time::sleep(ms(250)).await;
     assert_eq!(idem.run(Call::token(&used), body(runs.clone())).await.unwrap(), 0, "a used token ran again");
     assert_eq!(runs.load(SeqCst), 1, "an invalid or used token ran the body");
+}
+
+/// A used token's record is kept until the token expires plus the clock skew allowed between
+/// machines (default 5 minutes), whatever the call's `keep` (default 24 h): past that the token is
+/// refused before its record is read, so a longer keep would hold memory for nothing, and a
+/// shorter one would let the token run again.
+async fn a_used_tokens_record_is_kept_until_the_token_expires(backend: Backend) {
+    let fx = Fixture::new(backend, 1).await;
+    let idem = fx.idem(0);
+    for keep in [None, Some(ms(100)), Some(Duration::from_secs(7200))] {
+        let token = idem.issue_token(Duration::from_secs(600)).unwrap();
+        let call = match keep {
+            Some(keep) => Call::token(&token).keep(keep),
+            None => Call::token(&token),
+        };
+        assert_eq!(idem.run(call, || async { R::Ok(1u8) }).await.unwrap(), 1);
+        let (filter, mut records, mut cursor) = (idempotency::ScanFilter::prefix("token:"), Vec::new(), None);
+        loop {
+            let page = idem.scan(&filter, cursor.as_deref(), 1000).await.unwrap();
+            records.extend(page.records);
+            cursor = page.next;
+            if cursor.is_none() {
+                break;
+            }
+        }
+        assert_eq!(records.len(), 1, "{records:?}");
+        let ttl = records[0].ttl.expect("the record expires");
+        let until = Duration::from_secs(600 + 300);
+        assert!(ttl > until - Duration::from_secs(5) && ttl <= until, "keep {keep:?}: kept for {ttl:?}");
+        let key = records[0].key.clone();
+        idem.forget("", &key, idempotency::Force::CompletedOnly).await.unwrap();
+    }
 }
 
 async fn failed_attempt_leaves_the_token_usable(backend: Backend) {

@@ -85,18 +85,17 @@ impl Idempotency {
 }
 
 impl Idempotency {
-    /// How long the completed record is kept: the call's `keep`, and in token mode at least until
-    /// the token expires.
+    /// How long the completed record is kept: the call's `keep`; in token mode, until the token
+    /// expires plus the clock skew allowed between machines, whatever `keep` says. A used token
+    /// stays used while any machine may still accept it; after that every machine refuses it
+    /// before its record is read, so keeping the record longer would hold memory for nothing.
     pub(super) fn keep_for(&self, call: &Call, held: &Held) -> Duration {
-        let keep = call.keep.unwrap_or(self.inner.keep);
         match held.token_expires {
-            // A used token stays used until it expires, whatever `keep` says: its record lives
-            // until then, plus the clock skew allowed between machines.
             Some(expires) => {
                 let left = expires.duration_since(self.inner.token_clock.now()).unwrap_or_default();
-                keep.max(left.saturating_add(self.inner.token_skew)).min(crate::MAX_DURATION)
+                left.saturating_add(self.inner.token_skew).min(crate::MAX_DURATION)
             }
-            None => keep,
+            None => call.keep.unwrap_or(self.inner.keep),
         }
     }
 
