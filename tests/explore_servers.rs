@@ -377,8 +377,11 @@ async fn play(
         .collect();
     let admin = Idempotency::builder_shared(admin_store.clone()).build();
     let first = lock(&lives[0]).idem.clone().expect("process 0 runs");
-    let tokens: Arc<Vec<String>> =
-        Arc::new((0..schedule.keys()).map(|_| first.issue_token(Duration::from_secs(60)).expect("a token")).collect());
+    let tokens: Arc<Vec<String>> = Arc::new(
+        (0..schedule.keys())
+            .map(|_| first.issue_token(idempotent_explore::run::TOKEN_LIFE).expect("a token"))
+            .collect(),
+    );
     let start = Instant::now();
     let relays = Arc::new(relays);
     let mut tasks = tokio::task::JoinSet::new();
@@ -552,7 +555,7 @@ async fn play(
                 (idem, l.crashed.subscribe())
             };
             tokio::select! {
-                () = one_call(&idem, &h, id, &spec, timeout, false, &tokens) => {}
+                _ = one_call(&idem, &h, id, &spec, timeout, false, &tokens) => {}
                 _ = crashed.wait_for(|c| *c) => h.record(Event::Return { call: id, returned: Returned::Cancelled }),
             }
         });

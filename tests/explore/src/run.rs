@@ -141,9 +141,8 @@ async fn play_in(schedule: &Schedule, store: Store) -> History {
 
     // Tokens issued by process 0 for each key: every process must take them (they share the
     // store's token secret), for their whole life (a minute, past the schedule's end).
-    let tokens: Arc<Vec<String>> = Arc::new(
-        (0..schedule.keys()).map(|_| idems[0].issue_token(Duration::from_secs(60)).expect("a token")).collect(),
-    );
+    let tokens: Arc<Vec<String>> =
+        Arc::new((0..schedule.keys()).map(|_| idems[0].issue_token(TOKEN_LIFE).expect("a token")).collect());
     let mut tasks = tokio::task::JoinSet::new();
     for p in &schedule.purges {
         let (admin, h, key) = (admin.clone(), history.clone(), full_key(p.key, false));
@@ -188,6 +187,15 @@ async fn play_in(schedule: &Schedule, store: Store) -> History {
     history
 }
 
+/// How many times a probe that failed with a store error is made, [`PROBE_PAUSE`] apart: a store
+/// error on a healthy server is a call that lost a race with a short store timeout on a loaded
+/// machine, not a stuck key; a key every try of which fails is one (I5).
+pub const PROBE_TRIES: usize = 5;
+/// How long the schedules' tokens are issued for.
+pub const TOKEN_LIFE: Duration = Duration::from_secs(60);
+/// The pause between two tries of a probe.
+pub const PROBE_PAUSE: Duration = Duration::from_millis(200);
+
 /// Probes every key of `schedule` from every process, once faults and leases are over (I5): the
 /// probes are numbered after the schedule's calls.
 pub async fn probe_every_key(schedule: &Schedule, idems: &[Idempotency], history: &History, tokens: &[String]) {
@@ -214,13 +222,19 @@ pub async fn probe_every_key(schedule: &Schedule, idems: &[Idempotency], history
                 end: End::Ok,
                 cancel_ms: None,
             };
-            one_call(idem, history, id, &probe, ms(schedule.timeouts_ms[proc]), true, tokens).await;
-            id += 1;
+            for _ in 0..PROBE_TRIES {
+                let returned = one_call(idem, history, id, &probe, ms(schedule.timeouts_ms[proc]), true, tokens).await;
+                id += 1;
+                if !matches!(returned, Returned::Err(e) if e == "Store") {
+                    break;
+                }
+                tokio::time::sleep(PROBE_PAUSE).await;
+            }
         }
     }
 }
 
-/// Makes one call (or takes one lock) as `spec` says and records what happened.
+/// Makes one call (or takes one lock) as `spec` says, records what happened, and returns it.
 pub async fn one_call(
     idem: &Idempotency,
     h: &History,
@@ -229,7 +243,7 @@ pub async fn one_call(
     timeout: Duration,
     probe: bool,
     tokens: &[String],
-) {
+) -> Returned {
     let patience = spec.wait_ms.map_or(Duration::ZERO, ms);
     // Acquiring: each acquire (and the watch) within the store's timeout, after the patience; the
     // commit within its deadline (twice the timeout); a release within the timeout.
@@ -239,8 +253,8 @@ pub async fn one_call(
         proc: spec.proc,
         key: key_of(spec),
         // A used token's record is kept until the token expires and the clock skew allowed
-        // after it (5 minutes), whatever `keep` says.
-        keep: if spec.token && !spec.lock { ms(spec.keep_ms).max(Duration::from_secs(300)) } else { ms(spec.keep_ms) },
+        // after it (5 minutes), whatever `keep` says: at most its life and the skew.
+        keep: if spec.token && !spec.lock { TOKEN_LIFE + Duration::from_secs(300) } else { ms(spec.keep_ms) },
         lock: spec.lock,
         // A lock guard is not aborted: its holder selects on `lost()` itself.
         abort: spec.abort_on_lease_lost && !spec.lock,
@@ -261,7 +275,9 @@ pub async fn one_call(
         Some(after) => tokio::time::timeout(ms(after), caught).await.unwrap_or(Err(Returned::Cancelled)),
         None => caught.await,
     };
-    h.record(Event::Return { call: id, returned: returned.unwrap_or_else(|r| r) });
+    let returned = returned.unwrap_or_else(|r| r);
+    h.record(Event::Return { call: id, returned: returned.clone() });
+    returned
 }
 
 /// `fut`'s output, or `Returned::Panicked` if polling it panicked.
