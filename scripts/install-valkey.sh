@@ -182,8 +182,12 @@ if [ -n "$debian_version" ]; then
     log "downloading source package valkey=$debian_version"
     # The .dsc of the newest revision may be missing from a mirror (404); the orig tarball,
     # the only file the build needs, is then usually still fetched, so a failure is tolerated.
-    (cd "$WORK/download" && apt-get -q "${APT_OPTS[@]}" source --download-only "valkey=$debian_version" >&2) \
-        || log "apt-get source failed; checking for the orig tarball alone"
+    # apt's own output goes to a file: its 404 lines read like a failure when nothing failed.
+    if ! (cd "$WORK/download" && apt-get -q "${APT_OPTS[@]}" source --download-only "valkey=$debian_version") \
+        >"$WORK/apt-source.log" 2>&1; then
+        log "the mirror lacks part of the source package (a 404 on the newest revision's .dsc is usual);"
+        log "only the orig tarball is needed: checking for it (not an error unless that fails too)"
+    fi
 else
     log "no valkey ${VALKEY_VERSION} in the ${SOURCE_SUITE} index; trying the pool directly"
 fi
@@ -201,7 +205,10 @@ if ! orig_ok; then
         rm -f "$orig"
     done
 fi
-orig_ok || die "could not download $ORIG_TARBALL (sha256 $ORIG_SHA256)"
+orig_ok || {
+    [ -f "$WORK/apt-source.log" ] && sed 's/^/    apt: /' "$WORK/apt-source.log" >&2
+    die "could not download $ORIG_TARBALL (sha256 $ORIG_SHA256)"
+}
 log "got $ORIG_TARBALL (sha256 verified)"
 
 mkdir -p "$WORK/build"
