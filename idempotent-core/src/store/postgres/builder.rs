@@ -211,7 +211,7 @@ impl PgStoreBuilder {
         let ready = async {
             let mut conn = pool.sqlx().acquire().await.map_err(|e| pg_error("connect", e))?;
             if self.migrate {
-                sqlx::raw_sql(&sql.migrate).execute(&mut *conn).await.map_err(|e| pg_error("migrate", e))?;
+                sqlx::raw_sql(&sql.migrate_quietly).execute(&mut *conn).await.map_err(|e| pg_error("migrate", e))?;
             }
             let check = format!("SELECT 1 FROM {table} LIMIT 0");
             sqlx::query(&check).execute(&mut *conn).await.map_err(|e| pg_error("check the records table", e))?;

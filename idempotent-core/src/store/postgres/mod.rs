@@ -137,7 +137,7 @@ impl PgStore {
     /// again, and from several processes at once).
     pub async fn migrate(&self) -> Result<(), StoreError> {
         within("migrate", self.inner.timeout, async {
-            sqlx::raw_sql(&self.inner.sql.migrate)
+            sqlx::raw_sql(&self.inner.sql.migrate_quietly)
                 .execute(self.inner.pool.sqlx())
                 .await
                 .map(drop)

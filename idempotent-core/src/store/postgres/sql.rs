@@ -26,7 +26,11 @@ pub(crate) fn check_identifier(what: &str, name: &str) -> Result<(), String> {
 /// The statements, with the table's name in them.
 #[derive(Debug)]
 pub(crate) struct Statements {
+    /// schema.sql for this schema and table, as `PgStore::schema_sql` gives it.
     pub(crate) migrate: String,
+    /// The same as the store runs it: without the server's notices about what exists already
+    /// (`schema "public" already exists, skipping`, logged by sqlx at every start otherwise).
+    pub(crate) migrate_quietly: String,
     pub(crate) acquire: String,
     pub(crate) renew: String,
     pub(crate) commit: String,
@@ -50,6 +54,7 @@ impl Statements {
     pub(crate) fn new(schema: &str, table: &str) -> Statements {
         let t = format!("\"{schema}\".\"{table}\"");
         let seq = format!("nextval('\"{schema}\".\"{table}_fence\"')");
+        let migrate = include_str!("schema.sql").replace("{schema}", schema).replace("{table}", table);
         let watch_channel = format!("{schema}.{table}.w");
         let purge_channel = format!("{schema}.{table}.p");
         let left = |at: &str| LEFT_MS.replace("{at}", at);
@@ -199,7 +204,8 @@ impl Statements {
         );
 
         Statements {
-            migrate: include_str!("schema.sql").replace("{schema}", schema).replace("{table}", table),
+            migrate_quietly: format!("SET LOCAL client_min_messages = warning;\n{migrate}"),
+            migrate,
             acquire,
             renew,
             commit,
