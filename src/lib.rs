@@ -65,7 +65,7 @@ pub use idempotent_macros::idempotent;
 /// the runtime it calls always come from the same version of this crate. Not public API.
 #[doc(hidden)]
 pub mod __private {
-    pub use idempotent_core::{global, Call, Error, KeyBuilder, OnConflict, OnDuplicate};
+    pub use idempotent_core::{global, Call, Error, KeyBuilder, Mode, OnConflict, OnDuplicate};
 
     use serde::de::DeserializeOwned;
     use serde::Serialize;
@@ -130,13 +130,6 @@ pub mod __private {
             Some(idem) => store.run_in_owned_transaction(idem, call, body).await,
             None => Err(idempotent_core::Error::NotConfigured { key: call.full_key() }.into()),
         }
-    }
-
-    /// The function's error from the library's (a key that could not be built): a generic call,
-    /// so that a function whose error type *is* `Error` trips no lint about a useless conversion.
-    #[inline(always)]
-    pub fn error_into<E: From<idempotent_core::Error>>(e: idempotent_core::Error) -> E {
-        E::from(e)
     }
 }
 

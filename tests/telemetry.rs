@@ -636,3 +636,45 @@ async fn the_store_names_its_server_and_paths_at_connect() {
         );
     }
 }
+
+/// `migrate()` on a table that exists already logs no notice of what it skipped: sqlx logs the
+/// server's notices at `INFO`, and every start logged `schema "public" already exists, skipping`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrating_an_existing_table_logs_no_notice() {
+    let _turn = turn().await;
+    let url = tokio::task::block_in_place(support::postgres::shared_database);
+    let schema = support::postgres::unique_schema();
+    for _ in 0..2 {
+        let store = idempotency::PgStore::builder(url).schema(&schema).migrate().connect().await.unwrap();
+        store.migrate().await.unwrap();
+        store.close().await;
+    }
+    let text = captured().lock().unwrap().text.clone();
+    assert!(!text.contains("already exists"), "{text}");
+}
+
+#[idempotency::idempotent(key = "pay:{provider}:{txn}", scope = "telemetry-empty-value", store = idem)]
+async fn pay(idem: &Idempotency, provider: &str, txn: &str) -> R<u32> {
+    let _ = (provider, txn);
+    Ok(1)
+}
+
+/// A key whose template got an empty value is refused by the runtime like every refused call:
+/// an `invalid` span and `idempotency_calls_total{outcome="invalid"}`, where the attribute used
+/// to return before the runtime saw the call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_template_value_is_refused_with_a_span_and_a_metric() {
+    let _turn = turn().await;
+    let idem = Idempotency::new(idempotency::MemoryStore::new());
+    let r = pay(&idem, "acme", "").await;
+    match r {
+        Err(AppError::Idem(Error::InvalidKey { reason, .. })) => assert!(reason.contains("`{txn}`"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(pay(&idem, "acme", "t-1").await.unwrap(), 1);
+    let scope = "telemetry-empty-value";
+    span_with(scope, CallOutcome::Invalid);
+    let m = metrics();
+    assert_eq!(m.counter("idempotency_calls_total", &[("outcome", "invalid"), ("scope", scope)]), 1);
+    assert_eq!(m.counter("idempotency_calls_total", &[("outcome", "executed"), ("scope", scope)]), 1);
+}

@@ -113,6 +113,9 @@ pub struct Call {
     fingerprint: Option<Result<String, codec::FingerprintError>>,
     pub(crate) abort_on_lease_lost: bool,
     pub(crate) renew: bool,
+    /// Why the key could not be built (the attribute's template with an empty value): the
+    /// runtime refuses the call as `InvalidKey`, recorded like every refused call.
+    refused: Option<String>,
 }
 
 impl Call {
@@ -133,6 +136,25 @@ impl Call {
             fingerprint: None,
             abort_on_lease_lost: false,
             renew: true,
+            refused: None,
+        }
+    }
+
+    /// The call the attribute makes from the key its template built, in `mode`. A key that
+    /// could not be built (an empty value: [`KeyBuilder::finish`](crate::KeyBuilder::finish)) is
+    /// not returned early: the runtime refuses the call as [`Error::InvalidKey`] before anything
+    /// reaches the store, with its span and its `invalid` outcome like every refused call.
+    #[doc(hidden)]
+    pub fn from_built_key(built: Result<String, Error>, mode: Mode) -> Self {
+        match built {
+            Ok(key) => Call::new(key).mode(mode),
+            Err(e) => {
+                let (key, reason) = match e {
+                    Error::InvalidKey { key, reason } => (key, reason),
+                    other => (String::new(), other.to_string()),
+                };
+                Call { refused: Some(reason), ..Call::new(key).mode(mode) }
+            }
         }
     }
 
@@ -263,6 +285,9 @@ impl Call {
 
     /// Checks the key's size and computes the fingerprint.
     pub(crate) fn validate(&self, full_key: &str, lease: Duration) -> Result<Option<String>, Error> {
+        if let Some(reason) = &self.refused {
+            return Err(Error::InvalidKey { key: full_key.to_owned(), reason: reason.clone() });
+        }
         if self.key.is_empty() {
             let reason = if self.mode == Mode::Token { "the token is empty" } else { "the key is empty" };
             return Err(Error::InvalidKey { key: full_key.to_owned(), reason: reason.into() });

@@ -156,8 +156,8 @@ fn rewrite(args: &Args, function: &ItemFn) -> syn::Result<TokenStream> {
     let private = quote!(#krate::__private);
 
     let constructor = match mode {
-        Mode::Param => quote!(#private::Call::new(__idem_key)),
-        Mode::Token => quote!(#private::Call::token(__idem_key)),
+        Mode::Param => quote!(#private::Call::from_built_key(#key, #private::Mode::Param)),
+        Mode::Token => quote!(#private::Call::from_built_key(#key, #private::Mode::Token)),
     };
     let mut setters = TokenStream::new();
     match (&args.scope, mode) {
@@ -261,10 +261,8 @@ fn rewrite(args: &Args, function: &ItemFn) -> syn::Result<TokenStream> {
     let body = quote_spanned! {ret=> {
         #(#inner)*
         #check
-        let __idem_key = match #key {
-            ::core::result::Result::Ok(key) => key,
-            ::core::result::Result::Err(e) => return ::core::result::Result::Err(#private::error_into(e)),
-        };
+        // A key that could not be built is the runtime's to refuse (recorded like every refused
+        // call), not returned from here.
         let __idem_call = #constructor #setters;
         #run
     }};
@@ -460,17 +458,15 @@ mod tests {
         let expected = quote! {
             async fn on_payment_callback(cb: Callback) -> Result<Receipt, AppError> {
                 ::idempotency::__private::check_return::<Result<Receipt, AppError> >();
-                let __idem_key = match ::idempotency::__private::KeyBuilder::new("pay:{cb.provider}:{cb.txn_id}", ":")
-                    .text("pay:")
-                    .value("cb.provider", &cb.provider)
-                    .text(":")
-                    .value("cb.txn_id", &cb.txn_id)
-                    .finish()
-                {
-                    ::core::result::Result::Ok(key) => key,
-                    ::core::result::Result::Err(e) => return ::core::result::Result::Err(::idempotency::__private::error_into(e)),
-                };
-                let __idem_call = ::idempotency::__private::Call::new(__idem_key)
+                let __idem_call = ::idempotency::__private::Call::from_built_key(
+                    ::idempotency::__private::KeyBuilder::new("pay:{cb.provider}:{cb.txn_id}", ":")
+                        .text("pay:")
+                        .value("cb.provider", &cb.provider)
+                        .text(":")
+                        .value("cb.txn_id", &cb.txn_id)
+                        .finish(),
+                    ::idempotency::__private::Mode::Param
+                )
                     .scope(::core::concat!(::core::module_path!(), "::on_payment_callback"))
                     .ttl(::core::time::Duration::from_millis(30000u64))
                     .keep(::core::time::Duration::from_millis(86400000u64))
@@ -492,7 +488,7 @@ mod tests {
             }
         );
         let out = expand(args, item).to_string();
-        assert!(out.contains(r#"my :: idem :: __private :: Call :: token (__idem_key) ;"#), "{out}");
+        assert!(out.contains(r#". finish () , my :: idem :: __private :: Mode :: Token) ;"#), "{out}");
         assert!(out.contains(r#"KeyBuilder :: new ("{{{token}}}" , "") . text ("{") . value ("token" , & token) . text ("}") . finish ()"#), "{out}");
         assert!(out.contains("(self . idem) . run (__idem_call , move || async move"), "{out}");
         let out = expand(

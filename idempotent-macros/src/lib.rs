@@ -117,10 +117,10 @@ use proc_macro::TokenStream;
 /// expansion and the full reference):
 ///
 /// ```text
-/// let __idem_key = match KeyBuilder::new("pay:{cb.provider}:{cb.txn_id}", ":")
+/// let __idem_key = KeyBuilder::new("pay:{cb.provider}:{cb.txn_id}", ":")
 ///     .text("pay:").value("cb.provider", &cb.provider).text(":").value("cb.txn_id", &cb.txn_id)
-///     .finish() { Ok(key) => key, Err(e) => return Err(From::from(e)) };
-/// let __idem_call = Call::new(__idem_key)
+///     .finish(); // an empty value: Err(InvalidKey), which the runtime refuses (span, metric)
+/// let __idem_call = Call::from_built_key(__idem_key, Mode::Param)
 ///     .scope(concat!(module_path!(), "::on_payment_callback"))
 ///     .ttl(Duration::from_millis(30000)).keep(Duration::from_millis(86400000))
 ///     .fingerprint(&cb.amount_cents);
