@@ -483,7 +483,13 @@ async fn play(
                     off_runtime(move || {
                         let mut c = cluster(&srv);
                         let primary = c.primary_for_key(&record);
-                        let replica = c.replica_of(primary);
+                        let Some(replica) = c.try_replica_of(primary) else {
+                            // No replica to promote (the old primary of an earlier failover has
+                            // not rejoined yet): the record is lost instead, as below.
+                            h.record(Event::Lose { key });
+                            let _ = c.command(&["DEL", &record]);
+                            return;
+                        };
                         c.kill(primary);
                         // What the primary had not replicated is lost at the promotion: every
                         // record of every schedule on it may be (the history says so before and

@@ -200,13 +200,15 @@ impl RedisCluster {
 
     /// The port of the replica of the primary on `primary`.
     pub fn replica_of(&self, primary: u16) -> u16 {
+        self.try_replica_of(primary).unwrap_or_else(|| panic!("primary {primary} has no replica"))
+    }
+
+    /// The port of a live replica of the primary on `primary`, if it has one now (after a
+    /// failover, the old primary is its replica only once it has rejoined).
+    pub fn try_replica_of(&self, primary: u16) -> Option<u16> {
         let layout = self.layout();
-        let id = &layout.iter().find(|n| n.port == primary).expect("no such primary").id;
-        layout
-            .iter()
-            .find(|n| n.primary_id.as_ref() == Some(id) && !n.is_failed())
-            .map(|n| n.port)
-            .unwrap_or_else(|| panic!("primary {primary} has no replica"))
+        let id = &layout.iter().find(|n| n.port == primary)?.id;
+        layout.iter().find(|n| n.primary_id.as_ref() == Some(id) && !n.is_failed()).map(|n| n.port)
     }
 
     /// Sends one command about a key to the node serving it: sent to the key's primary as last
