@@ -286,7 +286,8 @@ impl Call {
     /// Checks the key's size and computes the fingerprint.
     pub(crate) fn validate(&self, full_key: &str, lease: Duration) -> Result<Option<String>, Error> {
         if let Some(reason) = &self.refused {
-            return Err(Error::InvalidKey { key: full_key.to_owned(), reason: reason.clone() });
+            // The template the key was to be built from (no scope: it names the attribute's).
+            return Err(Error::InvalidKey { key: self.key.clone(), reason: reason.clone() });
         }
         if self.key.is_empty() {
             let reason = if self.mode == Mode::Token { "the token is empty" } else { "the key is empty" };
