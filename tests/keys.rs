@@ -95,6 +95,12 @@ async fn pay(idem: &Idempotency, provider: &str, txn_id: &str) -> Result<String,
     Ok(format!("receipt for {provider} / {txn_id}"))
 }
 
+#[idempotent(key = "{token}", mode = Token, store = idem)]
+async fn submit(idem: &Idempotency, token: &str) -> Result<u8, AppError> {
+    let _ = token;
+    Ok(1)
+}
+
 #[idempotent(key = "note:{id}:{note?}", store = idem)]
 async fn note(idem: &Idempotency, id: u32, note: &str) -> Result<String, AppError> {
     Ok(format!("{id}:{note}"))
@@ -128,6 +134,14 @@ async fn an_empty_value_is_refused_unless_the_template_allows_it() {
         Err(AppError::Idem(Error::InvalidKey { key, reason })) => {
             assert_eq!(key, "pay:{provider}:{txn_id}");
             assert!(reason.contains("`{txn_id}`"), "{reason}");
+        }
+        other => panic!("expected InvalidKey, got {other:?}"),
+    }
+    // In token mode too: an empty value is not a bad token, it is a key that was not built.
+    match submit(&idem, "").await {
+        Err(AppError::Idem(Error::InvalidKey { key, reason })) => {
+            assert_eq!(key, "{token}");
+            assert!(reason.contains("`{token}`"), "{reason}");
         }
         other => panic!("expected InvalidKey, got {other:?}"),
     }

@@ -6,6 +6,7 @@ use serde::Serialize;
 
 use crate::codec::{self, MAX_FINGERPRINT_BYTES};
 use crate::error::Error;
+use crate::key::KeyBuilder;
 
 /// Parameter mode (the key comes from the call's arguments) or token mode (the key is a
 /// one-time token issued beforehand).
@@ -114,8 +115,9 @@ pub struct Call {
     pub(crate) abort_on_lease_lost: bool,
     pub(crate) renew: bool,
     /// Why the key could not be built (the attribute's template with an empty value): the
-    /// runtime refuses the call as `InvalidKey`, recorded like every refused call.
-    refused: Option<String>,
+    /// runtime refuses the call with it before anything else, recorded like every refused call.
+    /// (The template, why.)
+    refused: Option<(String, String)>,
 }
 
 impl Call {
@@ -140,21 +142,24 @@ impl Call {
         }
     }
 
-    /// The call the attribute makes from the key its template built, in `mode`. A key that
-    /// could not be built (an empty value: [`KeyBuilder::finish`](crate::KeyBuilder::finish)) is
-    /// not returned early: the runtime refuses the call as [`Error::InvalidKey`] before anything
-    /// reaches the store, with its span and its `invalid` outcome like every refused call.
+    /// The call the attribute makes from its key template's builder, in `mode`. A key that
+    /// cannot be built (an empty value, as [`KeyBuilder::finish`] says) is not returned early:
+    /// the runtime refuses the call as [`Error::InvalidKey`] before anything else, with its span
+    /// and its `invalid` outcome like every refused call.
     #[doc(hidden)]
-    pub fn from_built_key(built: Result<String, Error>, mode: Mode) -> Self {
-        match built {
+    pub fn from_template(key: KeyBuilder, mode: Mode) -> Self {
+        match key.build() {
             Ok(key) => Call::new(key).mode(mode),
-            Err(e) => {
-                let (key, reason) = match e {
-                    Error::InvalidKey { key, reason } => (key, reason),
-                    other => (String::new(), other.to_string()),
-                };
-                Call { refused: Some(reason), ..Call::new(key).mode(mode) }
-            }
+            Err(refused) => Call { refused: Some(refused), ..Call::new(String::new()).mode(mode) },
+        }
+    }
+
+    /// The refusal of a call whose key its template could not build (taken out of it); `Ok`
+    /// for every other call.
+    pub(crate) fn refusal(&mut self) -> Result<(), Error> {
+        match self.refused.take() {
+            Some((key, reason)) => Err(Error::InvalidKey { key, reason }),
+            None => Ok(()),
         }
     }
 
@@ -285,10 +290,6 @@ impl Call {
 
     /// Checks the key's size and computes the fingerprint.
     pub(crate) fn validate(&self, full_key: &str, lease: Duration) -> Result<Option<String>, Error> {
-        if let Some(reason) = &self.refused {
-            // The template the key was to be built from (no scope: it names the attribute's).
-            return Err(Error::InvalidKey { key: self.key.clone(), reason: reason.clone() });
-        }
         if self.key.is_empty() {
             let reason = if self.mode == Mode::Token { "the token is empty" } else { "the key is empty" };
             return Err(Error::InvalidKey { key: full_key.to_owned(), reason: reason.into() });

@@ -79,15 +79,20 @@ impl KeyBuilder {
 
     /// The key, or [`Error::InvalidKey`] naming the first placeholder whose value was empty.
     pub fn finish(self) -> Result<String, Error> {
+        self.build().map_err(|(key, reason)| Error::InvalidKey { key, reason })
+    }
+
+    /// The key, or the template and why it could not be built.
+    pub(crate) fn build(self) -> Result<String, (String, String)> {
         match self.empty {
             None => Ok(self.key),
-            Some(name) => Err(Error::InvalidKey {
-                key: self.template.to_owned(),
-                reason: format!(
+            Some(name) => Err((
+                self.template.to_owned(),
+                format!(
                     "the value of `{{{name}}}` is empty, so every such call would share one key \
                      (write `{{{name}?}}` in the template if an empty value is meant)"
                 ),
-            }),
+            )),
         }
     }
 

@@ -156,8 +156,8 @@ fn rewrite(args: &Args, function: &ItemFn) -> syn::Result<TokenStream> {
     let private = quote!(#krate::__private);
 
     let constructor = match mode {
-        Mode::Param => quote!(#private::Call::from_built_key(#key, #private::Mode::Param)),
-        Mode::Token => quote!(#private::Call::from_built_key(#key, #private::Mode::Token)),
+        Mode::Param => quote!(#private::Call::from_template(#key, #private::Mode::Param)),
+        Mode::Token => quote!(#private::Call::from_template(#key, #private::Mode::Token)),
     };
     let mut setters = TokenStream::new();
     match (&args.scope, mode) {
@@ -334,8 +334,8 @@ fn millis(d: std::time::Duration) -> proc_macro2::Literal {
     proc_macro2::Literal::u64_suffixed(d.as_millis() as u64)
 }
 
-/// The key: `KeyBuilder::new(template, reserved).text("pay:").value("cb.provider", &cb.provider)
-/// ...finish()`, every name checked against the function's arguments, and the template checked
+/// The key's builder: `KeyBuilder::new(template, reserved).text("pay:").value("cb.provider",
+/// &cb.provider)...`, handed to `Call::from_template`, every name checked against the function's arguments, and the template checked
 /// for what the escaping of values needs (literal text between two values, not starting with
 /// `%`). Errors and values are spanned on the template literal.
 fn key_expression(
@@ -351,12 +351,10 @@ fn key_expression(
     if pieces.is_empty() {
         return Err(syn::Error::new(span, "the key template is empty"));
     }
-    // A constant key needs no builder.
+    // A constant key: its text alone (nothing to escape, nothing that can be empty).
     if let [Piece::Text(text)] = pieces.as_slice() {
         let text = LitStr::new(text, span);
-        return Ok(
-            quote_spanned!(span=> ::core::result::Result::<_, #private::Error>::Ok(::std::string::String::from(#text))),
-        );
+        return Ok(quote_spanned!(span=> #private::KeyBuilder::new(#text, "").text(#text)));
     }
     // What a value must escape besides `%`: the first character of the text after each value
     // that another value follows. A reader then finds where each value ends (at the first such
@@ -435,7 +433,7 @@ fn key_expression(
     }
     let template = LitStr::new(&template, span);
     let reserved = LitStr::new(&reserved, span);
-    Ok(quote_spanned!(span=> #private::KeyBuilder::new(#template, #reserved) #(#steps)* .finish()))
+    Ok(quote_spanned!(span=> #private::KeyBuilder::new(#template, #reserved) #(#steps)*))
 }
 
 #[cfg(test)]
@@ -458,13 +456,12 @@ mod tests {
         let expected = quote! {
             async fn on_payment_callback(cb: Callback) -> Result<Receipt, AppError> {
                 ::idempotency::__private::check_return::<Result<Receipt, AppError> >();
-                let __idem_call = ::idempotency::__private::Call::from_built_key(
+                let __idem_call = ::idempotency::__private::Call::from_template(
                     ::idempotency::__private::KeyBuilder::new("pay:{cb.provider}:{cb.txn_id}", ":")
                         .text("pay:")
                         .value("cb.provider", &cb.provider)
                         .text(":")
-                        .value("cb.txn_id", &cb.txn_id)
-                        .finish(),
+                        .value("cb.txn_id", &cb.txn_id),
                     ::idempotency::__private::Mode::Param
                 )
                     .scope(::core::concat!(::core::module_path!(), "::on_payment_callback"))
@@ -488,8 +485,13 @@ mod tests {
             }
         );
         let out = expand(args, item).to_string();
-        assert!(out.contains(r#". finish () , my :: idem :: __private :: Mode :: Token) ;"#), "{out}");
-        assert!(out.contains(r#"KeyBuilder :: new ("{{{token}}}" , "") . text ("{") . value ("token" , & token) . text ("}") . finish ()"#), "{out}");
+        assert!(out.contains(r#". text ("}") , my :: idem :: __private :: Mode :: Token) ;"#), "{out}");
+        assert!(
+            out.contains(
+                r#"KeyBuilder :: new ("{{{token}}}" , "") . text ("{") . value ("token" , & token) . text ("}")"#
+            ),
+            "{out}"
+        );
         assert!(out.contains("(self . idem) . run (__idem_call , move || async move"), "{out}");
         let out = expand(
             quote!(key = "{token}", mode = Token),
@@ -500,7 +502,7 @@ mod tests {
             ),
         );
         assert!(
-            out.to_string().contains(r#"KeyBuilder :: new ("{token}" , "") . value ("token" , & token) . finish ()"#),
+            out.to_string().contains(r#"KeyBuilder :: new ("{token}" , "") . value ("token" , & token) ,"#),
             "{out}"
         );
         let out = expand(
@@ -511,7 +513,10 @@ mod tests {
                 }
             ),
         );
-        assert!(out.to_string().contains(r#":: std :: string :: String :: from ("nightly-{report}")"#), "{out}");
+        assert!(
+            out.to_string().contains(r#"KeyBuilder :: new ("nightly-{report}" , "") . text ("nightly-{report}")"#),
+            "{out}"
+        );
         // Two values with nothing between them could be cut two ways.
         let out = expand(
             quote!(key = "{a}{b}"),

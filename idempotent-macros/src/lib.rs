@@ -118,9 +118,9 @@ use proc_macro::TokenStream;
 ///
 /// ```text
 /// let __idem_key = KeyBuilder::new("pay:{cb.provider}:{cb.txn_id}", ":")
-///     .text("pay:").value("cb.provider", &cb.provider).text(":").value("cb.txn_id", &cb.txn_id)
-///     .finish(); // an empty value: Err(InvalidKey), which the runtime refuses (span, metric)
-/// let __idem_call = Call::from_built_key(__idem_key, Mode::Param)
+///     .text("pay:").value("cb.provider", &cb.provider).text(":").value("cb.txn_id", &cb.txn_id);
+/// // An empty value: the runtime refuses the call as InvalidKey (span, metric).
+/// let __idem_call = Call::from_template(__idem_key, Mode::Param)
 ///     .scope(concat!(module_path!(), "::on_payment_callback"))
 ///     .ttl(Duration::from_millis(30000)).keep(Duration::from_millis(86400000))
 ///     .fingerprint(&cb.amount_cents);

@@ -241,6 +241,9 @@ impl Idempotency {
     /// What a call needs before the store: its token checked, its key and fingerprint, and the
     /// replay cache asked.
     pub(super) fn prepare(&self, call: &mut Call) -> Result<Prepared, Error> {
+        // A key its template could not build is refused before anything else (a token-mode
+        // template's empty value is not a bad token).
+        call.refusal()?;
         let lease = call.ttl.unwrap_or(self.inner.ttl);
         // A token is checked before anything else, without the store.
         let token_expires = match call.mode {
