@@ -519,7 +519,9 @@ async fn after_a_restart_the_pools_refill_though_connecting_takes_longer_than_a_
             Err(AppError::Idem(Error::Store { source, .. })) => failed.push(source.to_string()),
             Err(e) => panic!("{e:?}"),
         }
-        assert!(failed.len() < 20, "20 calls after the restart failed; the last: {}", failed[19]);
+        // A call every 150 ms; the refill the first failure starts has its connection about 200 ms
+        // later, so the third or fourth call succeeds: ten failures mean no refill.
+        assert!(failed.len() < 10, "10 calls after the restart failed; the last: {}", failed[9]);
         tokio::time::sleep(ms(50)).await;
     }
     println!("{} calls failed after the restart before one succeeded: {failed:?}", failed.len());

@@ -203,8 +203,8 @@ impl PgStoreBuilder {
             .options([("statement_timeout", millis(self.timeout).to_string())]);
         // Opening a connection is bounded by the connect timeout, not by a call's: see pools.rs.
         let side = |connections: u32| pools::options(connections, self.connect_timeout);
-        let pool = Pool::lazy(side(self.pool_size), options.clone());
-        let control = Pool::lazy(side(CONTROL_CONNECTIONS), options.clone());
+        let pool = Pool::lazy(side(self.pool_size), options.clone(), self.timeout);
+        let control = Pool::lazy(side(CONTROL_CONNECTIONS), options.clone(), self.timeout);
         let listen_pool: PgPool = side(1).max_lifetime(None).idle_timeout(None).connect_lazy_with(options);
         let sql = Statements::new(&self.schema, &self.table);
         let table = format!("\"{}\".\"{}\"", self.schema, self.table);

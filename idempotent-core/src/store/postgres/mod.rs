@@ -16,8 +16,8 @@ use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
 use super::{
-    within, AcquireOutcome, AcquireRequest, CommitRequest, Forgotten, Inspected, Lease, PurgeHandler, RecordState,
-    RecordView, ScanPage, Store, StoreFuture, Transition, Watcher,
+    AcquireOutcome, AcquireRequest, CommitRequest, Forgotten, Inspected, Lease, PurgeHandler, RecordState, RecordView,
+    ScanPage, Store, StoreFuture, Transition, Watcher,
 };
 use crate::error::{StoreError, StoreErrorKind};
 
@@ -136,14 +136,8 @@ impl PgStore {
     /// Creates the records table, its sequence and index where they are missing (safe to run
     /// again, and from several processes at once).
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        within("migrate", self.inner.timeout, async {
-            sqlx::raw_sql(&self.inner.sql.migrate_quietly)
-                .execute(self.inner.pool.sqlx())
-                .await
-                .map(drop)
-                .map_err(|e| pg_error("migrate", e))
-        })
-        .await
+        let pool = &self.inner.pool;
+        pool.within("migrate", sqlx::raw_sql(&self.inner.sql.migrate_quietly).execute(pool.sqlx())).await.map(drop)
     }
 
     /// Closes the store's connections.
@@ -161,11 +155,11 @@ impl PgStore {
         pool: &Pool,
         query: Query<'_, Postgres, PgArguments>,
     ) -> Result<Vec<PgRow>, StoreError> {
-        let (timeout, deadline) = (self.inner.timeout, Instant::now() + self.inner.timeout);
-        let mut conn = pool.connection(op, deadline, timeout).await?;
+        let deadline = Instant::now() + self.inner.timeout;
+        let mut conn = pool.connection(op, deadline).await?;
         match tokio::time::timeout_at(deadline, query.fetch_all(&mut *conn)).await {
             Ok(rows) => rows.map_err(|e| pg_error(op, e)),
-            Err(_) => Err(StoreError::timeout(op, timeout)),
+            Err(_) => Err(StoreError::timeout(op, self.inner.timeout)),
         }
     }
 
@@ -202,7 +196,7 @@ impl PgStore {
     ) -> Result<AcquireOutcome, Failed> {
         let deadline = Instant::now() + self.inner.timeout;
         let timeout = self.inner.timeout;
-        let mut conn = self.inner.pool.connection("acquire", deadline, timeout).await.map_err(Failed::unsent)?;
+        let mut conn = self.inner.pool.connection("acquire", deadline).await.map_err(Failed::unsent)?;
         for _ in 0..8 {
             let query = sqlx::query(&self.inner.sql.acquire)
                 .bind(stored(key))
@@ -421,7 +415,7 @@ fn start_reaper(inner: std::sync::Weak<Inner>, every: Duration, batch: u32) -> t
             tokio::time::sleep(pause).await;
             let Some(inner) = inner.upgrade() else { return };
             let query = sqlx::query(&inner.sql.reap).bind(i64::from(batch));
-            let reaped = inner.pool.within("reap", inner.timeout, query.execute(inner.pool.sqlx())).await;
+            let reaped = inner.pool.within("reap", query.execute(inner.pool.sqlx())).await;
             pause = match reaped {
                 Ok(done) if done.rows_affected() >= u64::from(batch) => Duration::from_millis(10),
                 Ok(_) => every,

@@ -5,8 +5,8 @@
 //! When opening one takes longer than a call may wait (a server slow to take connections after a
 //! restart under load, a short store timeout), every call would give up and the pool, emptied by
 //! the restart, would stay empty. So a call that gives up starts a refill: one background task
-//! per pool that opens a connection within the connect timeout and leaves it idle in the pool for
-//! the next call.
+//! per pool that checks the idle connections, replaces the dead ones and opens one more, within
+//! the connect timeout, and leaves them idle in the pool for the next calls.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -19,10 +19,13 @@ use tokio::time::Instant;
 
 use super::errors::pg_error;
 use crate::error::{StoreError, StoreErrorKind};
+use crate::store::within;
 
-/// A pool of connections, and whether a refill of it is under way.
+/// A pool of connections, how long a call waits for one of them, and whether a refill is under
+/// way.
 pub(crate) struct Pool {
     pool: PgPool,
+    timeout: Duration,
     refilling: Arc<AtomicBool>,
 }
 
@@ -34,9 +37,10 @@ pub(crate) fn options(connections: u32, connect_timeout: Duration) -> PoolOption
 }
 
 impl Pool {
-    /// A pool with `options`, its connections opened (lazily) from `connect`.
-    pub(crate) fn lazy(options: PoolOptions<Postgres>, connect: PgConnectOptions) -> Pool {
-        Pool { pool: options.connect_lazy_with(connect), refilling: Arc::new(AtomicBool::new(false)) }
+    /// A pool with `options`, its connections opened (lazily) from `connect`, that callers wait
+    /// for at most `timeout` (the store's).
+    pub(crate) fn lazy(options: PoolOptions<Postgres>, connect: PgConnectOptions, timeout: Duration) -> Pool {
+        Pool { pool: options.connect_lazy_with(connect), timeout, refilling: Arc::new(AtomicBool::new(false)) }
     }
 
     /// The sqlx pool.
@@ -44,14 +48,9 @@ impl Pool {
         &self.pool
     }
 
-    /// A connection by `deadline` (`timeout` is how long the caller waits in all, for errors).
-    /// Unavailable if there is none by then: nothing was sent.
-    pub(crate) async fn connection(
-        &self,
-        op: &str,
-        deadline: Instant,
-        timeout: Duration,
-    ) -> Result<PoolConnection<Postgres>, StoreError> {
+    /// A connection by `deadline` (at most the store's timeout from now). Unavailable if there
+    /// is none by then: nothing was sent.
+    pub(crate) async fn connection(&self, op: &str, deadline: Instant) -> Result<PoolConnection<Postgres>, StoreError> {
         match tokio::time::timeout_at(deadline, self.pool.acquire()).await {
             Ok(Ok(conn)) => Ok(conn),
             Ok(Err(e)) => {
@@ -60,27 +59,24 @@ impl Pool {
             }
             Err(_) => {
                 self.refill();
-                let message = format!("{op}: no connection to the database within {timeout:?} (is it up?)");
+                let message = format!("{op}: no connection to the database within {:?} (is it up?)", self.timeout);
                 Err(StoreError::new(StoreErrorKind::Unavailable, message))
             }
         }
     }
 
-    /// Runs `fut` (which takes a connection of this pool itself, like `pool.begin()`) within
-    /// `timeout`, refilling the pool if it does not finish in time.
+    /// Runs `fut` (which takes a connection of this pool itself, like `pool.begin()`) within the
+    /// store's timeout, refilling the pool if it times out.
     pub(crate) async fn within<T>(
         &self,
         op: &str,
-        timeout: Duration,
         fut: impl std::future::Future<Output = Result<T, sqlx::Error>>,
     ) -> Result<T, StoreError> {
-        match tokio::time::timeout(timeout, fut).await {
-            Ok(done) => done.map_err(|e| pg_error(op, e)),
-            Err(_) => {
-                self.refill();
-                Err(StoreError::timeout(op, timeout))
-            }
+        let done = within(op, self.timeout, async { fut.await.map_err(|e| pg_error(op, e)) }).await;
+        if matches!(&done, Err(e) if e.kind() == StoreErrorKind::Timeout) {
+            self.refill();
         }
+        done
     }
 
     /// In the background, takes every idle connection and one more (as many as the pool may

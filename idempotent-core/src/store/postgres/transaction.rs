@@ -124,7 +124,7 @@ impl PgStore {
     /// A transaction on the store's pool, its statements under the transactional timeout.
     async fn begin(&self) -> Result<PgTransaction, StoreError> {
         let pool = &self.inner.pool;
-        pool.within("begin", self.inner.timeout, pool.sqlx().begin_with(self.inner.begin.clone())).await
+        pool.within("begin", pool.sqlx().begin_with(self.inner.begin.clone())).await
     }
 
     /// Writes the completed record in `tx` (owner-checked) and commits; `Lost` (rolled back) when
