@@ -7,9 +7,10 @@
 #   default is both). redis, valkey, cluster, postgres: the layer on real servers started here,
 #   faults from outside (tests/explore_servers.rs); servers: all four. all: both layers, side by
 #   side, each for the whole time.
-# --plant release-owner | late-acquire: plants a known bug for the run (the owner check of
-#   lua/release.lua removed; a body started without looking at its lease) and puts the source
-#   back afterwards: the run must report a violation.
+# --plant release-owner | late-acquire | no-refill: plants a known bug for the run (the owner
+#   check of lua/release.lua removed; a body started without looking at its lease; PostgreSQL
+#   pools that never refill in the background) and puts the source back afterwards: the run
+#   must report a violation.
 # Prints each violation with its seed, the invariant, the schedule and its history (the
 # deterministic layer: the smallest schedule, shrunk), and as its last line `explored:
 # <schedules> schedules, <calls> calls, <faults> faults, <violations> violations`, the layers
@@ -55,7 +56,11 @@ case "$plant" in
         planted=idempotent-core/src/runtime/waiting.rs; cp "$planted" "$planted.orig"
         sed -i "s/if Instant::now() + margin >= sent + lease {/if false \&\& Instant::now() + margin >= sent + lease {/" "$planted"
         grep -q "if false && Instant" "$planted" || { echo "explore: could not plant $plant" >&2; exit 2; } ;;
-    *) echo "explore: --plant $plant: release-owner or late-acquire" >&2; exit 2 ;;
+    no-refill)
+        planted=idempotent-core/src/store/postgres/pools.rs; cp "$planted" "$planted.orig"
+        sed -i "s/if self.refilling.swap(true, Ordering::AcqRel) {/if true || self.refilling.swap(true, Ordering::AcqRel) {/" "$planted"
+        grep -q "if true || self.refilling" "$planted" || { echo "explore: could not plant $plant" >&2; exit 2; } ;;
+    *) echo "explore: --plant $plant: release-owner, late-acquire or no-refill" >&2; exit 2 ;;
 esac
 [ -n "$plant" ] && echo "explore: planted $plant in $planted (put back when the run ends)"
 

@@ -16,8 +16,12 @@
 //! - a record lost → Redis and Valkey are killed (`SIGKILL`) and started again empty, without
 //!   their scripts (every record is lost, as the history says); the Cluster loses the record
 //!   (`DEL` on its node) or, one time in three, fails over (the key's primary killed, its
-//!   replica promoted, the old primary started again as a replica); PostgreSQL is crashed and restarted (`-m immediate`), which loses
-//!   nothing, so the history says nothing is lost;
+//!   replica promoted, the old primary started again as a replica; with no replica to promote,
+//!   the record is lost instead); PostgreSQL is crashed and restarted (`-m immediate`), which
+//!   loses nothing, so the history says nothing is lost, and is slow to take connections from
+//!   then on, probes included (each process's relay holds each new connection 150 to 250 ms,
+//!   past the 100 ms store timeout some processes have: only the pools' refill,
+//!   `store/postgres/pools.rs`, gets a call past it);
 //! - and, here only, processes crash: nothing more leaves them, their calls are gone, and a new
 //!   runtime takes their place after a while.
 //!
@@ -57,6 +61,10 @@ const AT_ONCE: usize = 3;
 
 /// The longest server stop: below the Cluster's node timeout (1 s), so that no failover starts.
 const LONGEST_STOP_MS: u64 = 700;
+/// After a PostgreSQL restart, each new connection is held this long at least (up to 100 ms
+/// more) for the rest of the schedule, probes included: opening one takes longer than a 100 ms
+/// store timeout lets a call wait, which only the pools' refill gets past.
+const SLOW_CONNECT_MS: u64 = 150;
 
 /// The servers a run plays on.
 enum Kind {
@@ -453,8 +461,14 @@ async fn play(
             }
         });
     }
+    // Failovers that found no replica to promote and lost the record instead.
+    let no_replica = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    // How long a new connection takes since PostgreSQL last restarted, in ms (0: no restart).
+    let slow = Arc::new(std::sync::atomic::AtomicU64::new(0));
     for l in &schedule.losses {
         let (server, h, at, key) = (server.clone(), history.clone(), start + ms(l.at_ms), full_key(l.key, false));
+        let (relays, no_replica, slow) = (relays.clone(), no_replica.clone(), slow.clone());
+        let slow_connects = ms(SLOW_CONNECT_MS + (l.at_ms % 3) * 50);
         let record = record_key(&key);
         // A third of the Cluster's losses are failovers: the key's primary killed, its replica
         // promoted (writes it had not replicated are lost), the old primary back as a replica.
@@ -463,7 +477,7 @@ async fn play(
             Kind::Redis(_) => "server killed and restarted empty",
             Kind::Cluster(_) if failover => "primary killed, replica promoted",
             Kind::Cluster(_) => "record lost",
-            Kind::Postgres(_) => "server crashed and restarted",
+            Kind::Postgres(_) => "server crashed and restarted, then slow to take connections",
         });
         tasks.spawn(async move {
             tokio::time::sleep_until(at).await;
@@ -486,6 +500,7 @@ async fn play(
                         let Some(replica) = c.try_replica_of(primary) else {
                             // No replica to promote (the old primary of an earlier failover has
                             // not rejoined yet): the record is lost instead, as below.
+                            no_replica.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                             h.record(Event::Lose { key });
                             let _ = c.command(&["DEL", &record]);
                             return;
@@ -513,6 +528,9 @@ async fn play(
                         lock(c).restart_immediate();
                     })
                     .await;
+                    // Back, but slow to take connections from now on, probes included.
+                    relays.iter().flatten().for_each(|r| r.set_connect_delay(slow_connects));
+                    slow.store(slow_connects.as_millis() as u64, std::sync::atomic::Ordering::Relaxed);
                 }
             }
         });
@@ -567,8 +585,17 @@ async fn play(
         });
     }
     let _ = tokio::time::timeout(Duration::from_secs(120), async { while tasks.join_next().await.is_some() {} }).await;
+    // Healed, but a restarted PostgreSQL stays slow to take connections: that is no fault to wait
+    // out (it answers statements at once), and the probes must get past it.
+    let slow = ms(slow.load(std::sync::atomic::Ordering::Relaxed));
     for relay in relays.iter().flatten() {
         relay.heal();
+        relay.set_connect_delay(slow);
+    }
+    let no_replica = no_replica.load(std::sync::atomic::Ordering::Relaxed);
+    if no_replica > 0 {
+        *faults.entry("primary killed, replica promoted").or_default() -= no_replica;
+        *faults.entry("record lost").or_default() += no_replica;
     }
 
     // Once every fault has ended: every lease may run out, every background commit and release

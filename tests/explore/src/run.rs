@@ -191,10 +191,13 @@ async fn play_in(schedule: &Schedule, store: Store) -> History {
 /// error on a healthy server is a call that lost a race with a short store timeout on a loaded
 /// machine, not a stuck key; a key every try of which fails is one (I5).
 pub const PROBE_TRIES: usize = 5;
+/// A probe's lease.
+pub const PROBE_TTL_MS: u64 = 1000;
+/// The pause between two tries of a probe: past the lease of the try that failed, which may have
+/// left its own key held (its release did not land, or its acquire landed unanswered).
+pub const PROBE_PAUSE: Duration = Duration::from_millis(PROBE_TTL_MS + 200);
 /// How long the schedules' tokens are issued for.
 pub const TOKEN_LIFE: Duration = Duration::from_secs(60);
-/// The pause between two tries of a probe.
-pub const PROBE_PAUSE: Duration = Duration::from_millis(200);
 
 /// Probes every key of `schedule` from every process, once faults and leases are over (I5): the
 /// probes are numbered after the schedule's calls.
@@ -212,7 +215,7 @@ pub async fn probe_every_key(schedule: &Schedule, idems: &[Idempotency], history
                 key,
                 lock,
                 token,
-                ttl_ms: 1000,
+                ttl_ms: PROBE_TTL_MS,
                 keep_ms: 1000,
                 wait_ms: None,
                 reject_duplicates: false,
