@@ -47,6 +47,9 @@ pub(crate) use waiting::Taken;
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 /// How long a completed result is kept by default.
 pub const DEFAULT_KEEP: Duration = Duration::from_secs(24 * 3600);
+/// How far apart the clocks of machines that issue and check tokens may be by default
+/// (`IdempotencyBuilder::token_skew`): a used token's record is kept this long past the token.
+pub const DEFAULT_TOKEN_SKEW: Duration = Duration::from_secs(300);
 /// How many calls of one process may wait on one key at a time by default (`OnConflict::Wait`).
 pub const DEFAULT_MAX_WAITERS_PER_KEY: usize = 1000;
 
@@ -133,7 +136,7 @@ impl Idempotency {
                 token_keys,
                 waiting: Default::default(),
                 max_waiters_per_key: DEFAULT_MAX_WAITERS_PER_KEY,
-                token_skew: Duration::from_secs(300),
+                token_skew: DEFAULT_TOKEN_SKEW,
                 token_clock: TokenClock::new(),
             },
         }

@@ -256,8 +256,8 @@ pub async fn one_call(
         proc: spec.proc,
         key: key_of(spec),
         // A used token's record is kept until the token expires and the clock skew allowed
-        // after it (5 minutes), whatever `keep` says: at most its life and the skew.
-        keep: if spec.token && !spec.lock { TOKEN_LIFE + Duration::from_secs(300) } else { ms(spec.keep_ms) },
+        // after it, whatever `keep` says: at most its life and the skew.
+        keep: if spec.token && !spec.lock { TOKEN_LIFE + idempotency::DEFAULT_TOKEN_SKEW } else { ms(spec.keep_ms) },
         lock: spec.lock,
         // A lock guard is not aborted: its holder selects on `lost()` itself.
         abort: spec.abort_on_lease_lost && !spec.lock,

@@ -84,15 +84,16 @@ impl Pool {
     /// found dead (after a restart) is replaced by a new one; each is opened within the pool's
     /// acquire bound, the connect timeout. So after a restart the pool is whole again in about
     /// one connect's time, rather than one call failing for each dead connection. Skipped while a
-    /// refill is under way, and outside a runtime.
+    /// refill is under way, while callers hold every connection, and outside a runtime.
     fn refill(&self) {
         let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
-        if self.refilling.swap(true, Ordering::AcqRel) {
-            return;
-        }
+        // Every connection in use by callers: nothing to check or open.
         let (idle, size) = (self.pool.num_idle() as u32, self.pool.size());
         let free = self.pool.options().get_max_connections().saturating_sub(size.saturating_sub(idle));
         let count = (idle + 1).min(free);
+        if count == 0 || self.refilling.swap(true, Ordering::AcqRel) {
+            return;
+        }
         let (pool, refilling) = (self.pool.clone(), Done(self.refilling.clone()));
         rt.spawn(async move {
             let _refilling = refilling;
