@@ -147,3 +147,81 @@ async fn a_dropped_handler_runs_to_its_end_with_finish() {
     assert!(after.starts_with("HTTP/1.1 200") && after.ends_with("\r\n\r\n1"), "{after}");
     assert_eq!(CHARGED.load(SeqCst), 1, "the client was charged twice");
 }
+
+#[derive(Serialize, Deserialize)]
+struct Booking {
+    seat: String,
+}
+
+/// A key from the body's field: an empty seat is an empty template value.
+#[idempotent(key = "seat:{req.seat}", ttl = "10s", store = app.idem.clone())]
+async fn book(State(app): State<App>, Json(req): Json<Booking>) -> Result<Json<String>, Error> {
+    Ok(Json(req.seat))
+}
+
+/// A handler that needs a lock someone else may hold.
+async fn report(State(app): State<App>) -> Result<Json<u64>, Error> {
+    let guard = app.idem.lock("nightly-report").acquire().await?;
+    let fence = guard.fence();
+    guard.release().await?;
+    Ok(Json(fence))
+}
+
+/// Through a `Router`: a handler with a key from its arguments, and one that takes a lock, answer
+/// problems that speak of what the call was. No `Idempotency-Key` header is involved, so none is
+/// named: 422 for another payload, 400 for an empty template value, 409 `in-flight` for a call
+/// in progress, 409 `lock-held` for a lock held elsewhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handlers_problems_speak_of_the_call_not_the_header() {
+    let idem = Idempotency::new(MemoryStore::new());
+    let state = App { idem: idem.clone(), charges: Arc::new(AtomicUsize::new(0)) };
+    let app = Router::new()
+        .route("/orders", post(create_order))
+        .route("/book", post(book))
+        .route("/report", post(report))
+        .with_state(state);
+    let send = |path: &'static str, body: &'static str| {
+        let app = app.clone();
+        async move {
+            let request = Request::post(path).header("content-type", "application/json").body(Body::from(body));
+            let response = app.oneshot(request.unwrap()).await.unwrap();
+            let status = response.status();
+            let bytes = response.into_body().collect().await.unwrap().to_bytes();
+            (status, serde_json::from_slice::<serde_json::Value>(&bytes).unwrap_or(serde_json::Value::Null))
+        }
+    };
+    let header_words = |p: &serde_json::Value| {
+        let words = format!("{} {}", p["title"], p["detail"]);
+        words.contains("Idempotency-Key") || words.contains("request") || words.contains("method, path")
+    };
+
+    assert_eq!(send("/orders", r#"{"id": 1, "sku": "tea", "qty": 1, "slow": false}"#).await.0, StatusCode::OK);
+    let (status, reused) = send("/orders", r#"{"id": 1, "sku": "coffee", "qty": 1, "slow": false}"#).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(reused["title"], "Idempotency key reused with a different payload");
+    assert!(!header_words(&reused), "{reused}");
+
+    let (status, empty) = send("/book", r#"{"seat": ""}"#).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{empty}");
+    assert!(empty["type"].as_str().unwrap().ends_with("#malformed-key"), "{empty}");
+    assert_eq!(empty["title"], "The call's idempotency key is not valid");
+    assert!(empty["detail"].as_str().unwrap().contains("built from the call's arguments"), "{empty}");
+    assert!(!header_words(&empty), "{empty}");
+
+    let slow = tokio::spawn(send("/orders", r#"{"id": 2, "sku": "tea", "qty": 1, "slow": true}"#));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (status, in_flight) = send("/orders", r#"{"id": 2, "sku": "tea", "qty": 1, "slow": true}"#).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert_eq!(in_flight["title"], "A call with this idempotency key is in progress");
+    assert!(!header_words(&in_flight), "{in_flight}");
+    assert_eq!(slow.await.unwrap().0, StatusCode::OK);
+
+    let held = idem.lock("nightly-report").acquire().await.unwrap();
+    let (status, locked) = send("/report", "{}").await;
+    assert_eq!(status, StatusCode::CONFLICT, "{locked}");
+    assert!(locked["type"].as_str().unwrap().ends_with("#lock-held"), "{locked}");
+    assert_eq!(locked["title"], "The lock is held by another holder");
+    assert!(!header_words(&locked), "{locked}");
+    held.release().await.unwrap();
+    assert_eq!(send("/report", "{}").await.0, StatusCode::OK);
+}

@@ -611,29 +611,39 @@ fn outcome_names_are_the_documented_ones() {
     }
 }
 
-/// At connect the store says, in a DEBUG event, which server it found and how each transition
-/// runs there: the commit a script on Redis 7.0, a `SET IFEQ` on Valkey 8.1.
+/// At connect the store says, in an INFO event, which servers it talks to, which server it found,
+/// how each transition runs there (the commit a script on Redis 7.0, a `SET IFEQ` on Valkey 8.1),
+/// and the ids fred gave its clients: fred names its own log lines (a connection lost, a
+/// reconnect) by those ids, which it makes up and cannot be given, so this line is how an operator
+/// tells which store a `fred-…` warning is about.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_store_names_its_server_and_paths_at_connect() {
+async fn the_store_names_its_server_paths_and_freds_client_ids_at_connect() {
     let _turn = turn().await;
     let valkey = support::valkey_server_binary();
     for (binary, server, commit) in
         [("redis-server", "redis 7.", "script"), (valkey.as_str(), "valkey 8.1.", "SET IFEQ")]
     {
         let process = support::RedisServer::start_binary(binary);
-        RedisStore::connect(&process.url()).await.unwrap();
+        RedisStore::builder(&process.url()).pool_size(2).connect().await.unwrap();
         let connected: Vec<EventRec> = all_events()
             .into_iter()
             .filter(|e| message(e) == "idempotency store connected" && e.fields["server"].starts_with(server))
             .collect();
         assert_eq!(connected.len(), 1, "{server}: {:?}", all_events());
         let event = &connected[0];
-        assert_eq!(event.level, tracing::Level::DEBUG);
+        assert_eq!(event.level, tracing::Level::INFO);
         let field = |name: &str| event.fields.get(name).map(String::as_str);
         assert_eq!(
             (field("acquire"), field("commit"), field("release")),
             (Some("SET NX GET"), Some(commit), Some("script"))
         );
+        assert!(field("store").unwrap().contains(&process.port().to_string()), "{event:?}");
+        let clients: Vec<&str> = field("clients").unwrap().split(',').collect();
+        assert_eq!(clients.len(), 2, "{event:?}");
+        for id in clients {
+            let tail = id.strip_prefix("fred-").unwrap_or_else(|| panic!("not a fred id: {id}"));
+            assert!(tail.len() == 10 && tail.chars().all(|c| c.is_ascii_alphanumeric()), "{id}");
+        }
     }
 }
 
@@ -677,4 +687,56 @@ async fn an_empty_template_value_is_refused_with_a_span_and_a_metric() {
     let m = metrics();
     assert_eq!(m.counter("idempotency_calls_total", &[("outcome", "invalid"), ("scope", scope)]), 1);
     assert_eq!(m.counter("idempotency_calls_total", &[("outcome", "executed"), ("scope", scope)]), 1);
+}
+
+/// A lock's take is seen as a call's is: an `idempotent.lock` span with its outcome, fence,
+/// attempts and wait (the key redacted), and `idempotency_locks_total` by outcome and scope, for
+/// every way it ends: taken, held, taken after a wait, still held after the patience, refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_lock_outcome_has_its_span_and_counter() {
+    use idempotency::telemetry::LockOutcome;
+    let _turn = turn().await;
+    let idem = Idempotency::new(idempotency::MemoryStore::new());
+    let scope = "telemetry-locks";
+    let lock = |key: &str| idem.lock(key.to_owned()).scope(scope);
+    let first = lock("acct-4711").ttl(Duration::from_secs(5)).acquire().await.unwrap();
+    assert!(matches!(lock("acct-4711").acquire().await, Err(Error::Locked { waited: None, .. })));
+    let waited = lock("acct-4711").wait(ms(150)).await;
+    assert!(matches!(waited, Err(Error::Locked { waited: Some(w), .. }) if w >= ms(150)), "{waited:?}");
+    let waiter = tokio::spawn({
+        let idem = idem.clone();
+        async move { idem.lock("acct-4711").scope(scope).wait(Duration::from_secs(5)).await }
+    });
+    tokio::time::sleep(ms(100)).await;
+    first.release().await.unwrap();
+    let second = waiter.await.unwrap().unwrap();
+    assert!(matches!(lock("").acquire().await, Err(Error::InvalidKey { .. })));
+    second.release().await.unwrap();
+
+    let spans: Vec<SpanRec> = {
+        let c = captured().lock().unwrap();
+        c.spans.iter().filter(|s| s.name == "idempotent.lock").cloned().collect()
+    };
+    let with = |outcome: LockOutcome| {
+        let found: Vec<_> =
+            spans.iter().filter(|s| s.fields.get("outcome").map(String::as_str) == Some(outcome.as_str())).collect();
+        assert_eq!(found.len(), 1, "one lock span with outcome {outcome}: {spans:#?}");
+        found[0].clone()
+    };
+    let taken = with(LockOutcome::Taken);
+    assert_eq!((taken.level, taken.fields["scope"].as_str()), (tracing::Level::INFO, scope));
+    assert_eq!(taken.fields["key"], telemetry::logged_key(&format!("{scope}:acct-4711")).to_string());
+    assert_eq!((taken.fields["fence"].as_str(), taken.fields["attempts"].as_str()), ("1", "1"));
+    with(LockOutcome::Held);
+    assert!(with(LockOutcome::Timeout).fields["waited_ms"].parse::<u64>().unwrap() >= 150);
+    let after_wait = with(LockOutcome::WaitedThenTaken);
+    assert!(after_wait.fields["waited_ms"].parse::<u64>().unwrap() > 0, "{after_wait:?}");
+    assert_eq!(after_wait.fields["fence"], "2");
+    with(LockOutcome::Invalid);
+    assert!(!captured().lock().unwrap().text.contains("acct-4711"), "the lock's key was logged unredacted");
+
+    let m = metrics();
+    for (outcome, n) in [("taken", 1), ("held", 1), ("timeout", 1), ("waited_then_taken", 1), ("invalid", 1)] {
+        assert_eq!(m.counter("idempotency_locks_total", &[("outcome", outcome), ("scope", scope)]), n, "{outcome}");
+    }
 }

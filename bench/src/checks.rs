@@ -107,6 +107,21 @@ pub async fn check_round_trips(
     out
 }
 
+/// The acquires each hand-over of a lock costs when 10 and 100 callers of one runtime wait for
+/// it (`support::handover`, counted at the `Store` boundary), against the target: at most 2.
+/// Before the waiters were in line, every release woke every waiter, and each sent an acquire.
+pub async fn check_lock_handovers(store: &idempotency::RedisStore) -> Vec<(&'static str, f64, f64)> {
+    let mut out = Vec::new();
+    for (path, n) in
+        [("acquires per lock hand-over, 10 waiters", 10), ("acquires per lock hand-over, 100 waiters", 100)]
+    {
+        let seen = support::handover::hand_over(Arc::new(store.clone()), &format!("handover-{n}"), n).await;
+        assert_eq!(seen.order, (0..n).collect::<Vec<_>>(), "{path}: not in the order they came");
+        out.push((path, seen.acquires as f64 / seen.hand_overs as f64, 2.0));
+    }
+    out
+}
+
 /// Sequential, exact: the round trips each PostgreSQL path costs, counted by the server
 /// (`pg_stat_statements`: statements, less the `SET LOCAL` sent in one message with `BEGIN`).
 pub async fn check_pg_round_trips(pg: &Pg) -> Vec<(&'static str, f64, f64)> {

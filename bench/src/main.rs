@@ -49,7 +49,7 @@ use idempotency::store::redis::fred::prelude::*;
 use idempotency::store::redis::CommitPath;
 use idempotency::{Call, Idempotency, MemoryStore, RedisStore};
 
-use crate::checks::{check_pg_round_trips, check_round_trips};
+use crate::checks::{check_lock_handovers, check_pg_round_trips, check_round_trips};
 use crate::counters::{Counters, PgCounters};
 use crate::harness::{medians, print_table, Bench};
 use crate::ops::{complete_keys, floor_op, receipt, replay_op, Receipt, R};
@@ -147,6 +147,13 @@ async fn run(o: Options) {
             };
             println!("{what}: {got:.2} per call (target {want}) {verdict}");
             checks.push((t.label, path, got, want));
+        }
+        for (path, got, most) in check_lock_handovers(&t.store).await {
+            let verdict = if got <= most { "ok" } else { "WRONG" };
+            if verdict == "WRONG" {
+                wrong += 1;
+            }
+            println!("{path}, {}: {got:.2} (target at most {most}) {verdict}", t.label);
         }
         let fallbacks = Counters { client: t.client.clone() }.read().await.evals;
         println!(

@@ -72,6 +72,17 @@ pub enum Error {
         /// How long the call waited.
         waited: Duration,
     },
+    /// A lock ([`Idempotency::lock`](crate::Idempotency::lock)) is held by another holder:
+    /// at once for [`acquire`](crate::LockRequest::acquire), still after `waited` for
+    /// [`wait`](crate::LockRequest::wait). A lock is not a guarded call: no result comes of the
+    /// other holder, so this is neither a `Conflict` nor a `Timeout`.
+    #[error("lock {}: {}", shown(key), LockedFor(*waited))]
+    Locked {
+        /// The lock's full key (scope and key).
+        key: String,
+        /// How long the call waited for the lock, when it waited.
+        waited: Option<Duration>,
+    },
     /// The lease was lost while the body ran and the call was set to abort on lease loss.
     #[error("key {}: lease lost while the body ran: {reason}", shown(key))]
     LeaseLost {
@@ -150,6 +161,7 @@ impl Error {
             | Error::KeyReused { key }
             | Error::InvalidToken { key }
             | Error::Timeout { key, .. }
+            | Error::Locked { key, .. }
             | Error::LeaseLost { key, .. }
             | Error::Store { key, .. }
             | Error::Unconfirmed { key, .. }
@@ -158,6 +170,18 @@ impl Error {
             | Error::NotConfigured { key }
             | Error::InvalidKey { key, .. }
             | Error::InvalidCall { key, .. } => key,
+        }
+    }
+}
+
+/// The end of a [`Error::Locked`] message.
+struct LockedFor(Option<Duration>);
+
+impl fmt::Display for LockedFor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            None => f.write_str("held by another holder"),
+            Some(waited) => write!(f, "still held by another holder after waiting {waited:?}"),
         }
     }
 }

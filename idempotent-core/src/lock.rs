@@ -10,8 +10,8 @@ use crate::call::OnConflict;
 use crate::context::CallContext;
 use crate::error::Error;
 use crate::ids;
-use crate::runtime::{Idempotency, Taken, Track};
-use crate::telemetry::logged_key;
+use crate::runtime::{Idempotency, NoTurn, Taken, Track, Turn};
+use crate::telemetry::{self, logged_key, LockOutcome};
 use crate::watchdog::Registration;
 
 /// The scope of locks' keys unless one is given: apart from guarded calls' keys.
@@ -47,36 +47,114 @@ impl<'a> LockRequest<'a> {
         self
     }
 
-    /// Takes the lock if it is free; [`Error::Conflict`] if another holder has it (try-lock).
+    /// Takes the lock if it is free; [`Error::Locked`] if another holder has it (try-lock).
     pub async fn acquire(self) -> Result<LockGuard, Error> {
         self.take(OnConflict::Reject).await
     }
 
     /// Takes the lock, waiting up to `patience` for its holder to let it go (woken when it
-    /// does); [`Error::Timeout`] if it is still held then.
+    /// does); [`Error::Locked`] (with how long it waited) if it is still held then.
     pub async fn wait(self, patience: Duration) -> Result<LockGuard, Error> {
         self.take(OnConflict::Wait(patience)).await
     }
 
+    /// Takes the lock inside its span (`idempotent.lock`), its outcome recorded there and in
+    /// `idempotency_locks_total`.
     async fn take(self, on_conflict: OnConflict) -> Result<LockGuard, Error> {
+        let span = tracing::info_span!(
+            "idempotent.lock",
+            scope = %self.scope,
+            key = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+            fence = tracing::field::Empty,
+            attempts = tracing::field::Empty,
+            waited_ms = tracing::field::Empty,
+        );
+        let scope = telemetry::scope_label(Some(&self.scope)).to_owned();
+        let mut track = Track::default();
+        let mut queued = Duration::ZERO;
+        let taken =
+            tracing::Instrument::instrument(self.take_in(on_conflict, &span, &mut track, &mut queued), span.clone())
+                .await;
+        let waited = queued + track.waited();
+        let outcome = match &taken {
+            Ok(_) if !waited.is_zero() => LockOutcome::WaitedThenTaken,
+            Ok(_) => LockOutcome::Taken,
+            Err(e) => LockOutcome::of_error(e),
+        };
+        if !span.is_disabled() {
+            span.record("outcome", outcome.as_str());
+            if let Ok(guard) = &taken {
+                span.record("fence", guard.fence());
+            }
+            span.record("attempts", track.attempts());
+            span.record("waited_ms", waited.as_millis() as u64);
+        }
+        telemetry::record::lock(outcome, &scope);
+        taken
+    }
+
+    /// Takes the lock. A caller that waits first waits for its turn among this runtime's
+    /// callers waiting for the same lock (`queued`: how long), without a store command, and keeps
+    /// the turn in its guard until it lets the lock go: the next in line then finds it free.
+    async fn take_in(
+        self,
+        on_conflict: OnConflict,
+        span: &tracing::Span,
+        track: &mut Track,
+        queued: &mut Duration,
+    ) -> Result<LockGuard, Error> {
         let key = format!("{}:{}", self.scope, self.key);
+        if !span.is_disabled() {
+            span.record("key", tracing::field::display(logged_key(&key)));
+        }
         let lease = self.ttl.unwrap_or_else(|| self.idem.default_ttl());
         crate::call::check_lock_key(&key, &self.key, lease)?;
-        if let OnConflict::Wait(patience) = on_conflict {
-            crate::call::check_patience(&key, patience)?;
-        }
+        let (on_conflict, turn) = match on_conflict {
+            OnConflict::Wait(patience) => {
+                crate::call::check_patience(&key, patience)?;
+                let asked = Instant::now();
+                let turn = match self.idem.lock_turn(&key, asked + patience).await {
+                    Ok(turn) => turn,
+                    Err(NoTurn::Full) => {
+                        tracing::warn!(
+                            key = %logged_key(&key),
+                            "idempotency lock not waited for: too many callers already wait for it"
+                        );
+                        return Err(Error::Locked { key, waited: None });
+                    }
+                    Err(NoTurn::Late) => {
+                        *queued = asked.elapsed();
+                        return Err(Error::Locked { key, waited: Some(*queued) });
+                    }
+                };
+                if turn.queued {
+                    *queued = asked.elapsed();
+                }
+                // What is left of the patience (at least a moment: a look at the store).
+                let left = patience.saturating_sub(*queued).max(Duration::from_millis(1));
+                (OnConflict::Wait(left), Some(turn))
+            }
+            reject => (reject, None),
+        };
         let owner = ids::owner_id();
-        let mut track = Track::default();
-        match self.idem.take(&key, owner, lease, None, on_conflict, &mut track).await? {
+        let before = *queued;
+        let taken = self.idem.take(&key, owner, lease, None, on_conflict, track).await.map_err(|e| match e {
+            // A lock is not a guarded call: no result comes of its holder.
+            Error::Conflict { key, .. } => Error::Locked { key, waited: None },
+            Error::Timeout { key, waited } => Error::Locked { key, waited: Some(before + waited) },
+            other => other,
+        })?;
+        match taken {
             Taken::Held { fence, sent } => {
                 tracing::debug!(key = %logged_key(&key), fence, "idempotency lock taken");
                 let context = CallContext::new(key, owner, fence, track.attempts());
                 let registration = self.idem.watch_lease(lease, sent, context.clone());
-                Ok(LockGuard { idem: self.idem.clone(), context, lease, registration: Some(registration) })
+                Ok(LockGuard { idem: self.idem.clone(), context, lease, registration: Some(registration), turn })
             }
             // A completed record under the lock's key: a guarded call's, with the same scope
             // and key. The lock is not free.
-            Taken::Completed { .. } => Err(Error::Conflict { key, retry_after: None }),
+            Taken::Completed { .. } => Err(Error::Locked { key, waited: None }),
         }
     }
 }
@@ -104,6 +182,9 @@ pub struct LockGuard {
     context: CallContext,
     lease: Duration,
     registration: Option<Registration>,
+    /// The lock's turn among this runtime's waiters (taken with `wait`): handed on once the lock
+    /// is let go.
+    turn: Option<Turn>,
 }
 
 impl LockGuard {
@@ -152,10 +233,27 @@ impl std::fmt::Debug for LockGuard {
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        if self.registration.take().is_some() {
-            // Not released by hand: released in the background, owner-checked.
-            self.idem.release_in_background(self.context.key(), self.context.owner(), self.lease);
+        if self.registration.take().is_none() {
+            return;
         }
+        // Not released by hand: released in the background, owner-checked. With callers of this
+        // runtime in line for the lock, the next gets its turn once the release has landed, so
+        // that it finds the lock free.
+        let turn = self.turn.take();
+        let (key, owner, lease) = (self.context.key().to_owned(), self.context.owner().to_owned(), self.lease);
+        if let (Some(turn), Ok(rt)) = (turn, tokio::runtime::Handle::try_current()) {
+            if let Some(slot) = crate::store::background::slot("release") {
+                let idem = self.idem.clone();
+                rt.spawn(async move {
+                    let _slot = slot;
+                    // On a store error `release_key` has the store go on in the background.
+                    let _ = idem.release_key(&key, &owner, lease).await;
+                    drop(turn);
+                });
+                return;
+            }
+        }
+        self.idem.release_in_background(&key, &owner, lease);
     }
 }
 
@@ -163,13 +261,13 @@ impl Idempotency {
     /// A distributed lock on `key` (in the scope `lock` unless [`scope`](LockRequest::scope)
     /// says otherwise), for a critical section inside a function: renewed by the watchdog while
     /// held, with a fencing token and loss detection, released when its guard goes.
-    /// [`acquire`](LockRequest::acquire) takes it or fails with [`Error::Conflict`];
+    /// [`acquire`](LockRequest::acquire) takes it or fails with [`Error::Locked`];
     /// [`wait`](LockRequest::wait) waits for it. See [`LockGuard`].
     pub fn lock(&self, key: impl Into<String>) -> LockRequest<'_> {
         LockRequest::new(self, key.into())
     }
 
-    /// Takes the lock on `key` if it is free ([`Error::Conflict`] otherwise), with the default
+    /// Takes the lock on `key` if it is free ([`Error::Locked`] otherwise), with the default
     /// lease: `lock(key).acquire()`.
     pub async fn try_lock(&self, key: impl Into<String>) -> Result<LockGuard, Error> {
         self.lock(key).acquire().await

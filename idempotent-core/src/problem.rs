@@ -40,6 +40,9 @@ pub enum ProblemKind {
     UnidentifiedClient,
     /// 409: a request with the same key is still being processed.
     InFlight,
+    /// 409: a lock the handler takes ([`Idempotency::lock`](crate::Idempotency::lock)) is held
+    /// by another holder (`Error::Locked`).
+    LockHeld,
     /// 409: a request with this key completed, but its response was too large to keep for
     /// replay; it is not run again.
     NotReplayable,
@@ -77,7 +80,9 @@ impl ProblemKind {
             | ProblemKind::UnreadableBody
             | ProblemKind::InvalidCall => StatusCode::BAD_REQUEST,
             ProblemKind::UnidentifiedClient => StatusCode::FORBIDDEN,
-            ProblemKind::InFlight | ProblemKind::NotReplayable | ProblemKind::Duplicate => StatusCode::CONFLICT,
+            ProblemKind::InFlight | ProblemKind::LockHeld | ProblemKind::NotReplayable | ProblemKind::Duplicate => {
+                StatusCode::CONFLICT
+            }
             ProblemKind::RequestTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProblemKind::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             ProblemKind::UnreadableResponse => StatusCode::BAD_GATEWAY,
@@ -94,6 +99,7 @@ impl ProblemKind {
             ProblemKind::InvalidToken => "invalid-token",
             ProblemKind::UnidentifiedClient => "unidentified-client",
             ProblemKind::InFlight => "in-flight",
+            ProblemKind::LockHeld => "lock-held",
             ProblemKind::NotReplayable => "not-replayable",
             ProblemKind::Duplicate => "duplicate",
             ProblemKind::InvalidCall => "invalid-call",
@@ -107,24 +113,48 @@ impl ProblemKind {
         }
     }
 
-    /// The title: the same for every occurrence of the kind.
+    /// The title, as the HTTP layer words it: the same for every occurrence of the kind.
     pub fn title(self) -> &'static str {
-        match self {
-            ProblemKind::MissingKey => "Idempotency-Key is missing",
-            ProblemKind::MalformedKey => "Idempotency-Key is malformed",
-            ProblemKind::InvalidToken => "Idempotency token is not valid",
-            ProblemKind::UnidentifiedClient => "Client could not be identified",
-            ProblemKind::InFlight => "A request with this Idempotency-Key is being processed",
-            ProblemKind::NotReplayable => "The response to this Idempotency-Key cannot be replayed",
-            ProblemKind::Duplicate => "This request was already made",
-            ProblemKind::InvalidCall => "The request's options are out of range",
-            ProblemKind::RequestTooLarge => "Request body too large",
-            ProblemKind::KeyReused => "Idempotency-Key reused for a different request",
-            ProblemKind::UnreadableBody => "Request body could not be read",
-            ProblemKind::UnreadableResponse => "Response body could not be read",
-            ProblemKind::StoreUnavailable => "Idempotency store unavailable",
-            ProblemKind::Unconfirmed => "The request ran; its stored response is not confirmed durable",
-            ProblemKind::Internal => "Idempotency layer error",
+        self.title_for(Origin::Header)
+    }
+
+    /// The title for a key of `origin`: the HTTP layer names its `Idempotency-Key` header; a
+    /// call through the attribute or [`Idempotency::run`](crate::Idempotency::run) speaks of an
+    /// idempotency key and a call.
+    ///
+    /// ```
+    /// use idempotency::problem::{Origin, ProblemKind};
+    ///
+    /// assert_eq!(ProblemKind::KeyReused.title_for(Origin::Header), "Idempotency-Key reused for a different request");
+    /// assert_eq!(ProblemKind::KeyReused.title_for(Origin::Call), "Idempotency key reused with a different payload");
+    /// ```
+    pub fn title_for(self, origin: Origin) -> &'static str {
+        match (self, origin) {
+            (ProblemKind::MissingKey, _) => "Idempotency-Key is missing",
+            (ProblemKind::MalformedKey, Origin::Header) => "Idempotency-Key is malformed",
+            (ProblemKind::MalformedKey, Origin::Call) => "The call's idempotency key is not valid",
+            (ProblemKind::InvalidToken, _) => "Idempotency token is not valid",
+            (ProblemKind::UnidentifiedClient, _) => "Client could not be identified",
+            (ProblemKind::InFlight, Origin::Header) => "A request with this Idempotency-Key is being processed",
+            (ProblemKind::InFlight, Origin::Call) => "A call with this idempotency key is in progress",
+            (ProblemKind::LockHeld, _) => "The lock is held by another holder",
+            (ProblemKind::NotReplayable, Origin::Header) => "The response to this Idempotency-Key cannot be replayed",
+            (ProblemKind::NotReplayable, Origin::Call) => "The result of this call cannot be replayed",
+            (ProblemKind::Duplicate, Origin::Header) => "This request was already made",
+            (ProblemKind::Duplicate, Origin::Call) => "This call was already made",
+            (ProblemKind::InvalidCall, Origin::Header) => "The request's options are out of range",
+            (ProblemKind::InvalidCall, Origin::Call) => "The call's options are out of range",
+            (ProblemKind::RequestTooLarge, _) => "Request body too large",
+            (ProblemKind::KeyReused, Origin::Header) => "Idempotency-Key reused for a different request",
+            (ProblemKind::KeyReused, Origin::Call) => "Idempotency key reused with a different payload",
+            (ProblemKind::UnreadableBody, _) => "Request body could not be read",
+            (ProblemKind::UnreadableResponse, _) => "Response body could not be read",
+            (ProblemKind::StoreUnavailable, _) => "Idempotency store unavailable",
+            (ProblemKind::Unconfirmed, Origin::Header) => {
+                "The request ran; its stored response is not confirmed durable"
+            }
+            (ProblemKind::Unconfirmed, Origin::Call) => "The call ran; its stored result is not confirmed durable",
+            (ProblemKind::Internal, _) => "Idempotency layer error",
         }
     }
 
@@ -132,6 +162,20 @@ impl ProblemKind {
     pub fn type_uri(self) -> String {
         format!("{PROBLEM_TYPE_BASE}#{}", self.slug())
     }
+}
+
+/// Where the key of a refused call came from, for the words of its problem: a problem says
+/// what the call was. The type, the status and `Retry-After` do not depend on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Origin {
+    /// The client sent it in the `Idempotency-Key` header (the HTTP layer's requests): the
+    /// problem names the header and speaks of a request's method, path and body.
+    Header,
+    /// The service built it from a call's arguments (the attribute's template) or gave it to
+    /// [`Call::new`](crate::Call::new): the problem speaks of a call, its idempotency key and its
+    /// payload. What `Error`'s `IntoResponse` uses.
+    Call,
 }
 
 /// A problem details object (RFC 9457 §3): `type`, `title`, `status`, `detail`.
@@ -163,12 +207,19 @@ pub struct Problem {
 }
 
 impl Problem {
-    /// A problem of `kind` with a `detail` about this occurrence.
+    /// A problem of `kind` with a `detail` about this occurrence, titled as the HTTP layer
+    /// words it.
     pub fn new(kind: ProblemKind, detail: impl Into<String>) -> Self {
-        let retry_after = matches!(kind, ProblemKind::InFlight | ProblemKind::Unconfirmed).then_some(1);
+        Problem::worded(kind, Origin::Header, detail)
+    }
+
+    /// A problem of `kind` with a `detail` about this occurrence, titled for a key of `origin`.
+    pub fn worded(kind: ProblemKind, origin: Origin, detail: impl Into<String>) -> Self {
+        let retry_after =
+            matches!(kind, ProblemKind::InFlight | ProblemKind::LockHeld | ProblemKind::Unconfirmed).then_some(1);
         Problem {
             type_uri: kind.type_uri(),
-            title: kind.title().to_owned(),
+            title: kind.title_for(origin).to_owned(),
             status: kind.status().as_u16(),
             detail: detail.into(),
             kind: Some(kind),
@@ -185,13 +236,16 @@ impl Problem {
         self
     }
 
-    /// The problem that answers `error`: the one mapping of the library's errors to HTTP, used
-    /// by `Error`'s `IntoResponse` and by the HTTP layer.
+    /// The problem that answers `error` for a call through the runtime (the attribute,
+    /// [`Idempotency::run`](crate::Idempotency::run), a lock): what `Error`'s `IntoResponse`
+    /// answers. [`Problem::for_error_from`] with [`Origin::Call`]; the HTTP layer uses
+    /// [`Origin::Header`].
     ///
     /// | error | status | type |
     /// |---|---|---|
     /// | `Conflict` | 409, `Retry-After: 1` | in-flight |
     /// | `Timeout` (waited, still in flight) | 409, `Retry-After: 1` | in-flight |
+    /// | `Locked` (a lock held by another holder) | 409, `Retry-After: 1` | lock-held |
     /// | `Duplicate` (rejected by policy) | 409 | duplicate |
     /// | `Duplicate` (not replayable) | 409 | not-replayable |
     /// | `KeyReused` | 422 | key-reused |
@@ -208,56 +262,90 @@ impl Problem {
     ///
     /// let p = Problem::for_error(&Error::KeyReused { key: "k".into() });
     /// assert_eq!((p.status, p.kind()), (422, Some(ProblemKind::KeyReused)));
+    /// assert_eq!(p.title, "Idempotency key reused with a different payload");
     /// ```
     pub fn for_error(error: &Error) -> Problem {
+        Problem::for_error_from(error, Origin::Call)
+    }
+
+    /// The problem that answers `error`, worded for a key of `origin`: the one mapping of the
+    /// library's errors to HTTP (see [`Problem::for_error`] for its table).
+    ///
+    /// ```
+    /// use idempotency::problem::{Origin, Problem};
+    /// use idempotency::Error;
+    ///
+    /// let e = Error::Conflict { key: "http:key:1:a:k-1".into(), retry_after: None };
+    /// assert_eq!(Problem::for_error_from(&e, Origin::Header).title, "A request with this Idempotency-Key is being processed");
+    /// ```
+    pub fn for_error_from(error: &Error, origin: Origin) -> Problem {
+        let header = origin == Origin::Header;
+        let (what, a_call, payload, result) = if header {
+            ("request", "a request", "method, path or body", "response")
+        } else {
+            ("call", "a call", "the call's fingerprint", "result")
+        };
+        let p = |kind, detail: String| Problem::worded(kind, origin, detail);
         match error {
             // `Retry-After: 1`, not the holder's lease: a lease renewed while the holder runs says
             // when a crashed holder's key frees at the latest (tens of seconds by default), not when
             // a live one finishes, which is usually far sooner; and stores differ in whether they
             // report it at all.
-            Error::Conflict { .. } => Problem::new(
+            Error::Conflict { .. } => p(
                 ProblemKind::InFlight,
-                "a request with this key is still being processed; retry later to get its response",
+                format!("{a_call} with this key is still being processed; retry later to get its {result}"),
             ),
-            Error::Timeout { waited, .. } => Problem::new(
+            Error::Timeout { waited, .. } => p(
                 ProblemKind::InFlight,
-                format!("a request with this key is still being processed after waiting {waited:?}; retry later"),
+                format!("{a_call} with this key is still being processed after waiting {waited:?}; retry later"),
             ),
-            Error::KeyReused { .. } => Problem::new(
+            Error::Locked { waited: None, .. } => {
+                p(ProblemKind::LockHeld, "another holder has the lock this needs; retry later".to_owned())
+            }
+            Error::Locked { waited: Some(waited), .. } => p(
+                ProblemKind::LockHeld,
+                format!("another holder still had the lock this needs after waiting {waited:?}; retry later"),
+            ),
+            Error::KeyReused { .. } => p(
                 ProblemKind::KeyReused,
-                "this key was first used for a request with a different payload (method, path or body)",
+                format!("this key was first used for {a_call} with a different payload ({payload} differs)"),
             ),
-            Error::Duplicate { replayable: false, .. } => Problem::new(
+            Error::Duplicate { replayable: false, .. } => p(
                 ProblemKind::NotReplayable,
-                "a request with this key completed, but its response was too large to keep for replay; it is not run \
-                 again",
+                format!(
+                    "{a_call} with this key completed, but its {result} was too large to keep for replay; it is not \
+                     run again"
+                ),
             ),
             Error::Duplicate { .. } => {
-                Problem::new(ProblemKind::Duplicate, "a request with this key completed; it is not run again")
+                p(ProblemKind::Duplicate, format!("{a_call} with this key completed; it is not run again"))
             }
             Error::InvalidToken { .. } => {
-                Problem::new(ProblemKind::InvalidToken, "the token is not one issued to this client, or it expired")
+                p(ProblemKind::InvalidToken, "the token is not one issued to this client, or it expired".to_owned())
+            }
+            Error::InvalidKey { reason, .. } if header => {
+                p(ProblemKind::MalformedKey, format!("the key is refused: {reason}"))
             }
             Error::InvalidKey { reason, .. } => {
-                Problem::new(ProblemKind::MalformedKey, format!("the key is refused: {reason}"))
+                p(ProblemKind::MalformedKey, format!("the key built from the call's arguments is refused: {reason}"))
             }
-            Error::InvalidCall { reason, .. } => Problem::new(ProblemKind::InvalidCall, reason.clone()),
-            Error::Store { source, .. } => Problem::new(
+            Error::InvalidCall { reason, .. } => p(ProblemKind::InvalidCall, reason.clone()),
+            Error::Store { source, .. } => p(
                 ProblemKind::StoreUnavailable,
                 format!("the idempotency store failed ({}); nothing ran, retry later", source.kind()),
             ),
-            Error::LeaseLost { .. } => Problem::new(
+            Error::LeaseLost { .. } => p(
                 ProblemKind::StoreUnavailable,
-                "the idempotency lease was lost while the request ran; retry later",
+                format!("the idempotency lease was lost while {a_call} ran; retry later"),
             ),
-            Error::Unconfirmed { source, .. } => Problem::new(
+            Error::Unconfirmed { source, .. } => p(
                 ProblemKind::Unconfirmed,
                 format!(
-                    "the request ran and its response was stored, but the store could not confirm it is durable \
-                     ({source}); retry with the same key to get the stored response"
+                    "the {what} ran and its {result} was stored, but the store could not confirm it is durable \
+                     ({source}); retry with the same key to get the stored {result}"
                 ),
             ),
-            _ => Problem::new(ProblemKind::Internal, "the idempotency layer failed; see the server log"),
+            _ => p(ProblemKind::Internal, "the idempotency layer failed; see the server log".to_owned()),
         }
     }
 
@@ -311,6 +399,7 @@ mod tests {
             ProblemKind::InvalidToken,
             ProblemKind::UnidentifiedClient,
             ProblemKind::InFlight,
+            ProblemKind::LockHeld,
             ProblemKind::NotReplayable,
             ProblemKind::Duplicate,
             ProblemKind::InvalidCall,
@@ -333,6 +422,37 @@ mod tests {
         }
     }
 
+    /// A call's problems speak of a call, never of the header or of a request's method, path or
+    /// body; the HTTP layer's keep the header's words. The type and status are the same.
+    #[test]
+    fn a_calls_problem_speaks_of_a_call_and_a_requests_of_the_header() {
+        let k = || "orders:7".to_owned();
+        let errors = vec![
+            Error::Conflict { key: k(), retry_after: None },
+            Error::Timeout { key: k(), waited: Duration::from_secs(5) },
+            Error::Duplicate { key: k(), replayable: true },
+            Error::Duplicate { key: k(), replayable: false },
+            Error::KeyReused { key: k() },
+            Error::InvalidKey { key: k(), reason: "the template value {req.id} is empty".into() },
+            Error::LeaseLost { key: k(), reason: "expired".into() },
+        ];
+        for e in &errors {
+            let call = Problem::for_error(e);
+            let request = Problem::for_error_from(e, Origin::Header);
+            let words = format!("{} {}", call.title, call.detail);
+            assert!(!words.contains("Idempotency-Key") && !words.contains("request"), "{e}: {words}");
+            assert!(!words.contains("method, path"), "{e}: {words}");
+            assert_eq!((call.type_uri, call.status), (request.type_uri.clone(), request.status), "{e}");
+            let words = format!("{} {}", request.title, request.detail);
+            assert!(words.contains("Idempotency-Key") || words.contains("request"), "{e}: {words}");
+        }
+        let reused = Problem::for_error_from(&Error::KeyReused { key: k() }, Origin::Header);
+        assert!(reused.detail.contains("method, path or body"), "{}", reused.detail);
+        let locked = Problem::for_error(&Error::Locked { key: k(), waited: Some(Duration::from_secs(5)) });
+        assert_eq!((locked.status, locked.title.as_str()), (409, "The lock is held by another holder"));
+        assert!(!locked.detail.contains("Idempotency-Key"), "{}", locked.detail);
+    }
+
     /// Every error's response: status, content type, body, `Retry-After`.
     #[tokio::test]
     async fn every_error_answers_with_its_problem() {
@@ -345,6 +465,8 @@ mod tests {
         let cases: Vec<(Error, u16, &str)> = vec![
             (Error::Conflict { key: k(), retry_after: Some(Duration::from_millis(2500)) }, 409, "in-flight"),
             (Error::Timeout { key: k(), waited: Duration::from_secs(5) }, 409, "in-flight"),
+            (Error::Locked { key: k(), waited: None }, 409, "lock-held"),
+            (Error::Locked { key: k(), waited: Some(Duration::from_secs(5)) }, 409, "lock-held"),
             (Error::Duplicate { key: k(), replayable: true }, 409, "duplicate"),
             (Error::Duplicate { key: k(), replayable: false }, 409, "not-replayable"),
             (Error::KeyReused { key: k() }, 422, "key-reused"),
@@ -372,7 +494,7 @@ mod tests {
             assert!(!json.to_string().contains("orders:7"), "the key is in the body: {json}");
             match slug {
                 // A holder's lease says when a crashed holder's key frees, not when to retry.
-                "in-flight" | "unconfirmed" => assert_eq!(retry.as_deref(), Some("1"), "{shown}"),
+                "in-flight" | "lock-held" | "unconfirmed" => assert_eq!(retry.as_deref(), Some("1"), "{shown}"),
                 _ => assert_eq!(retry, None, "{shown}"),
             }
         }

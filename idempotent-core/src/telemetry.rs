@@ -183,6 +183,61 @@ impl fmt::Display for CallOutcome {
     }
 }
 
+/// How taking a lock ([`Idempotency::lock`](crate::Idempotency::lock)) ended, as the
+/// `idempotent.lock` span's `outcome` field and the `outcome` label of `idempotency_locks_total`
+/// say it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LockOutcome {
+    /// The lock was free and is taken.
+    Taken,
+    /// The lock was held; the call waited for it and took it.
+    WaitedThenTaken,
+    /// The lock is held by another holder (`Error::Locked`, from `acquire`).
+    Held,
+    /// The lock was still held when the patience ran out (`Error::Locked`, from `wait`).
+    Timeout,
+    /// The key or the lease was refused (`Error::InvalidKey`, `Error::InvalidCall`).
+    Invalid,
+    /// The store failed (`Error::Store`), or the acquire's reply came later than the lease.
+    StoreError,
+    /// The key holds something that is not a record (`Error::Corrupt`).
+    CodecError,
+}
+
+impl LockOutcome {
+    /// The outcome's name in spans and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LockOutcome::Taken => "taken",
+            LockOutcome::WaitedThenTaken => "waited_then_taken",
+            LockOutcome::Held => "held",
+            LockOutcome::Timeout => "timeout",
+            LockOutcome::Invalid => "invalid",
+            LockOutcome::StoreError => "store_error",
+            LockOutcome::CodecError => "codec_error",
+        }
+    }
+
+    /// The outcome of taking a lock that failed with `error`.
+    pub(crate) fn of_error(error: &crate::Error) -> LockOutcome {
+        use crate::Error;
+        match error {
+            Error::Locked { waited: None, .. } => LockOutcome::Held,
+            Error::Locked { waited: Some(_), .. } => LockOutcome::Timeout,
+            Error::InvalidKey { .. } | Error::InvalidCall { .. } => LockOutcome::Invalid,
+            Error::Codec { .. } | Error::Corrupt { .. } => LockOutcome::CodecError,
+            _ => LockOutcome::StoreError,
+        }
+    }
+}
+
+impl fmt::Display for LockOutcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// The `scope` label of a call's metrics: its scope up to the first `:` that is not part of a
 /// `::` (`orders`, `my_crate::payments::pay`, `http`, `token`), so that a scope carrying a
 /// client id (the HTTP layer's `http:key:<client>`) does not make the label unbounded.
@@ -219,6 +274,7 @@ pub fn describe_metrics() {
             Unit::Seconds,
             "Time from sending an acquire to its answer (one per round trip)."
         );
+        describe_counter!("idempotency_locks_total", Unit::Count, "Locks taken or refused, by outcome and scope.");
         describe_histogram!("idempotency_body_seconds", Unit::Seconds, "Time the guarded body ran.");
         describe_histogram!(
             "idempotency_wait_seconds",
@@ -331,6 +387,13 @@ pub(crate) mod record {
         })
     }
 
+    /// A lock taken or refused. Not cached per thread as calls are: a lock is taken far less
+    /// often than a call is made.
+    pub(crate) fn lock(outcome: LockOutcome, scope: &str) {
+        metrics::counter!("idempotency_locks_total", "outcome" => outcome.as_str(), "scope" => scope.to_owned())
+            .increment(1);
+    }
+
     fn histogram(slot: fn(&mut Handles) -> &mut Option<Histogram>, name: &'static str, took: Duration) {
         with(|h| slot(h).get_or_insert_with(|| metrics::histogram!(name)).record(took.as_secs_f64()))
     }
@@ -399,6 +462,8 @@ pub(crate) mod record {
     pub(crate) fn refresh() {}
     #[inline(always)]
     pub(crate) fn call(outcome: CallOutcome, scope: &str) {}
+    #[inline(always)]
+    pub(crate) fn lock(outcome: LockOutcome, scope: &str) {}
     #[inline(always)]
     pub(crate) fn acquire(took: Duration) {}
     #[inline(always)]

@@ -9,7 +9,7 @@ use http::{request, Method, StatusCode};
 use idempotent_core::telemetry::logged_error;
 use idempotent_core::{Error, Idempotency, OnConflict};
 
-use crate::problem::{Problem, ProblemKind};
+use crate::problem::{Origin, Problem, ProblemKind};
 
 /// The header marking a replayed response by default: `Idempotent-Replayed: true`.
 pub static DEFAULT_REPLAY_HEADER: HeaderName = HeaderName::from_static("idempotent-replayed");
@@ -81,7 +81,7 @@ impl Policy {
     /// The runtime scope of client `client`'s keys (`kind` is `key` or `token`). The client id
     /// is length-prefixed, so that no client id and key can be cut differently into another's.
     fn scope_for(&self, kind: &str, client: &str) -> String {
-        format!("{}:{kind}:{}:{client}", self.scope, client.len())
+        idempotent_core::client_key::client_scope(&self.scope, kind, client)
     }
 
     /// The scope of the `kind` keys of the client that sent `request`, or the 403 problem when
@@ -140,7 +140,8 @@ pub fn stored_by_default(status: StatusCode) -> bool {
 pub struct Ran;
 
 /// The problem answering a runtime error: the runtime's mapping
-/// ([`Problem::for_error`]), with the token endpoint named for an invalid token.
+/// worded for the `Idempotency-Key` header ([`Problem::for_error_from`] with
+/// [`Origin::Header`]), with the token endpoint named for an invalid token.
 pub(crate) fn problem_for(policy: &Policy, e: &Error) -> Problem {
     match e {
         Error::InvalidToken { .. } => Problem::new(
@@ -152,12 +153,12 @@ pub(crate) fn problem_for(policy: &Policy, e: &Error) -> Problem {
         ),
         Error::Store { .. } | Error::Unconfirmed { .. } => {
             tracing::warn!(error = %logged_error(e), "idempotency store failed; request answered with 503");
-            Problem::for_error(e)
+            Problem::for_error_from(e, Origin::Header)
         }
         Error::Codec { .. } | Error::Corrupt { .. } | Error::NotConfigured { .. } => {
             tracing::error!(error = %logged_error(e), "idempotency layer failed");
-            Problem::for_error(e)
+            Problem::for_error_from(e, Origin::Header)
         }
-        other => Problem::for_error(other),
+        other => Problem::for_error_from(other, Origin::Header),
     }
 }

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod handover;
 pub mod postgres;
 pub mod proxy;
 pub mod sentinel;

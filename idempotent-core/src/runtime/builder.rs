@@ -48,9 +48,9 @@ impl IdempotencyBuilder {
     }
 
     /// How many calls of this process may wait on one key at a time (default 1000); one more
-    /// finding the key in progress gets [`Error::Conflict`] at once instead of waiting. A bound
-    /// on what a flood of duplicates of one key can hold (a task, a timer and a subscription
-    /// each).
+    /// finding the key in progress gets [`Error::Conflict`] at once instead of waiting (for a
+    /// lock, [`Error::Locked`]). A bound on what a
+    /// flood of duplicates of one key can hold (a task, a timer and a subscription each).
     pub fn max_waiters_per_key(mut self, max: usize) -> Self {
         self.inner.max_waiters_per_key = max;
         self

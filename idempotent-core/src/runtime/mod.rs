@@ -6,7 +6,8 @@
 //! - `tokens`: token mode, a call's token checked before anything else;
 //! - `pipeline`: a call from its key to its answer (`Outcome`): the span and metrics, the replay
 //!   cache asked, the body run under the lease;
-//! - `waiting`: taking the key, and waiting for it;
+//! - `waiting`: taking the key, and waiting for it; `turns`: the callers of the process that
+//!   wait for one lock, in line;
 //! - `commit`: storing the result; `replay`: the replay cache filled and kept in step with
 //!   purges;
 //! - `operations`: the operator's API (inspect, forget, scan).
@@ -20,6 +21,7 @@ mod pipeline;
 mod replay;
 mod state;
 mod tokens;
+mod turns;
 mod waiting;
 
 use std::sync::Arc;
@@ -41,6 +43,7 @@ pub use operations::{Force, ScanFilter};
 pub use pipeline::Outcome;
 pub(crate) use state::Track;
 use tokens::TokenClock;
+pub(crate) use turns::{NoTurn, Turn};
 pub(crate) use waiting::Taken;
 
 /// The default lease.
@@ -100,6 +103,8 @@ struct Inner {
     /// Callers of this process waiting on each key, and how many may.
     pub(super) waiting: std::sync::Mutex<std::collections::HashMap<String, usize>>,
     pub(super) max_waiters_per_key: usize,
+    /// The callers of this process waiting for each lock, in line.
+    pub(super) turns: Arc<turns::Turns>,
     /// How far apart the clocks of the machines issuing and checking tokens may be.
     pub(super) token_skew: Duration,
     /// The time tokens are issued and checked by.
@@ -136,6 +141,7 @@ impl Idempotency {
                 token_keys,
                 waiting: Default::default(),
                 max_waiters_per_key: DEFAULT_MAX_WAITERS_PER_KEY,
+                turns: Default::default(),
                 token_skew: DEFAULT_TOKEN_SKEW,
                 token_clock: TokenClock::new(),
             },
@@ -158,6 +164,12 @@ impl Idempotency {
     /// The lease of calls that set none.
     pub(crate) fn default_ttl(&self) -> Duration {
         self.inner.ttl
+    }
+
+    /// `key`'s turn among the callers of this runtime that wait for the lock (see `turns`), by
+    /// `deadline` at the latest, unless `max_waiters_per_key` hold or wait for it already.
+    pub(crate) async fn lock_turn(&self, key: &str, deadline: Instant) -> Result<Turn, NoTurn> {
+        self.inner.turns.wait(key, deadline, self.inner.max_waiters_per_key).await
     }
 
     /// Has the watchdog renew `context`'s lease, acquired by a request sent at `sent`, until the

@@ -44,6 +44,11 @@ impl Track {
         self.attempts
     }
 
+    /// How long the call waited for another holder.
+    pub(crate) fn waited(&self) -> Duration {
+        self.waited
+    }
+
     pub(super) fn replayed(&mut self) {
         self.replayed = true;
         self.stored = true;

@@ -198,7 +198,8 @@ fn fault(procs: usize) -> impl Strategy<Value = Fault> {
 }
 
 /// The strategy: 2 or 3 processes, 1 or 2 keys, up to 15 calls, 4 faults, 3 purges and a loss, in
-/// two seconds.
+/// two seconds. One schedule in seven is a line of lock waiters: every call a lock that waits,
+/// so that the callers of one process queue for one lock (`runtime/turns.rs`) under the faults.
 pub fn schedule() -> impl Strategy<Value = Schedule> {
     (2..=3usize, prop_oneof![3 => Just(1usize), 1 => Just(2)]).prop_flat_map(|(procs, keys)| {
         (
@@ -208,11 +209,21 @@ pub fn schedule() -> impl Strategy<Value = Schedule> {
             prop::collection::vec(fault(procs), 0..5),
             prop::collection::vec((at(2000), 0..keys, prop::bool::weighted(0.3)), 0..4),
             prop::collection::vec((at(2000), 0..keys), 0..2),
+            prop::bool::weighted(1.0 / 7.0),
         )
-            .prop_map(|(caches, timeouts_ms, calls, faults, purges, losses)| Schedule {
+            .prop_map(|(caches, timeouts_ms, mut calls, faults, purges, losses, lock_line)| Schedule {
                 caches,
                 timeouts_ms,
-                calls,
+                calls: {
+                    if lock_line {
+                        for c in &mut calls {
+                            c.lock = true;
+                            c.token = false;
+                            c.wait_ms.get_or_insert(800);
+                        }
+                    }
+                    calls
+                },
                 faults,
                 purges: purges.into_iter().map(|(at_ms, key, force)| Purge { at_ms, key, force }).collect(),
                 // Losses are rare: most schedules hold the store to every guarantee.
