@@ -336,6 +336,7 @@ impl RedisStoreBuilder {
         keys::check_prefix(&self.prefix).map_err(|m| StoreError::new(StoreErrorKind::Config, m))?;
         let config = self.resolved_config()?;
         let (shown, url) = (self.shown.clone(), self.url.clone());
+        let servers = self.shown.clone();
         // Errors name the servers (password masked) and never carry a password fred put in.
         let named = move |e: StoreError| {
             let e = e.prefixed(&shown);
@@ -390,6 +391,7 @@ impl RedisStoreBuilder {
             inner: Arc::new(Inner {
                 pool,
                 builder,
+                shown: servers,
                 prefix: self.prefix,
                 timeout: self.timeout,
                 acks: self.acks,
@@ -403,7 +405,13 @@ impl RedisStoreBuilder {
                 token_secrets,
             }),
         };
-        tracing::debug!(
+        // fred names its own log lines (a lost connection, a reconnect) by a client id it makes
+        // up (`fred-J0TYP7Cnok`) and cannot be given one: this line says which ids are this
+        // store's, and which servers it talks to.
+        let clients: Vec<String> = store.inner.pool.clients().iter().map(|c| c.id().to_string()).collect();
+        tracing::info!(
+            store = %store.inner.shown,
+            clients = %clients.join(","),
             server = %store.inner.server,
             acquire = if store.inner.plain_acquire { "SET NX GET" } else { "script" },
             commit = %store.commit_path(),

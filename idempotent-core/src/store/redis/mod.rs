@@ -68,6 +68,8 @@ pub struct RedisStore {
 struct Inner {
     pool: Pool,
     builder: Builder,
+    /// The servers, as errors and logs name them (passwords masked).
+    shown: String,
     prefix: String,
     timeout: Duration,
     acks: Option<ReplicaAcks>,
@@ -427,6 +429,12 @@ impl RedisStore {
             .subscriptions
             .get_or_try_init(|| async {
                 let client = self.inner.builder.build_subscriber_client().map_err(|e| store_error("subscribe", e))?;
+                // fred names its log lines by a client id of its own making: say which is ours.
+                tracing::info!(
+                    store = %self.inner.shown,
+                    client = %client.id(),
+                    "idempotency store: pub/sub connection started (fred logs it under this client id)"
+                );
                 let channel = keys::purge_channel(&self.inner.prefix);
                 let publisher = self.inner.pool.next().clone();
                 let started = watch::Subscriptions::start(client, channel, publisher, self.inner.timeout);

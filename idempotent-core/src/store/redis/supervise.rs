@@ -21,7 +21,7 @@ pub(crate) fn supervise(client: Client, closing: Arc<AtomicBool>) -> JoinHandle<
             if closing.load(Ordering::Acquire) {
                 return;
             }
-            tracing::warn!(outcome = ?ended, "redis connection task ended unasked; restarting it");
+            tracing::warn!(client = %client.id(), outcome = ?ended, "redis connection task ended unasked; restarting it");
             tokio::time::sleep(Duration::from_millis(50)).await;
             if closing.load(Ordering::Acquire) {
                 return;
