@@ -58,10 +58,36 @@ pub enum Command {
     RotateTokenSecret,
 }
 
+/// A client's keys of the HTTP layer (`IdempotencyLayer::per_client`), addressed by what the
+/// operator knows: the header the client sends, or its id.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "A client's keys (the HTTP layer's per_client)")]
+pub struct ClientArgs {
+    /// The keys given (and --prefix) are the Idempotency-Key values of the client that sends
+    /// this header, as 'NAME: VALUE' (e.g. 'Authorization: Bearer ...', 'X-Api-Key: ...'): its
+    /// value is hashed as the layer's client::authorization and client::header hash it
+    #[arg(long, value_name = "HEADER", conflicts_with = "client")]
+    pub client_header: Option<String>,
+    /// The keys given (and --prefix) are the Idempotency-Key values of this client id (what the
+    /// layer's client extractor returned, e.g. a client::extension's user id)
+    #[arg(long, value_name = "ID")]
+    pub client: Option<String>,
+    /// The HTTP layer's scope (IdempotencyLayer::scope), with --client-header or --client
+    #[arg(long, value_name = "SCOPE", default_value = "http")]
+    pub http_scope: String,
+    /// With --client-header or --client: the keys are form tokens (require_token routes), not
+    /// Idempotency-Key values
+    #[arg(long)]
+    pub token: bool,
+}
+
 #[derive(Debug, Args)]
 pub struct InspectArgs {
-    /// The full key: the scope, `:`, the key (e.g. `my_crate::payments::pay:stripe:1`)
+    /// The full key: the scope, `:`, the key (e.g. `my_crate::payments::pay:stripe:1`); with
+    /// --client-header or --client, the client's Idempotency-Key value
     pub key: String,
+    #[command(flatten)]
+    pub client: ClientArgs,
     /// Print the record as one JSON object
     #[arg(long)]
     pub json: bool,
@@ -107,6 +133,8 @@ pub struct Filter {
 pub struct ListArgs {
     #[command(flatten)]
     pub filter: Filter,
+    #[command(flatten)]
+    pub client: ClientArgs,
     /// Only records stored with (yes) or without (no) a payload fingerprint
     #[arg(long)]
     pub fingerprinted: Option<YesNo>,
@@ -124,11 +152,14 @@ pub struct ListArgs {
 #[derive(Debug, Args)]
 #[command(group(ArgGroup::new("target").required(true).multiple(true).args(["keys", "prefix"])))]
 pub struct PurgeArgs {
-    /// Full keys to delete (or use --prefix and the filters)
+    /// Full keys to delete (or use --prefix and the filters); with --client-header or --client,
+    /// the client's Idempotency-Key values
     #[arg(conflicts_with_all = ["prefix", "state", "older_than"])]
     pub keys: Vec<String>,
     #[command(flatten)]
     pub filter: Filter,
+    #[command(flatten)]
+    pub client: ClientArgs,
     /// Delete records in progress too: a second call may then run the body while the first
     /// still runs it
     #[arg(long)]

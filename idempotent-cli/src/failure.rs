@@ -7,7 +7,6 @@ use idempotent_core::{Error, StoreError};
 /// away, a permission is missing), output that cannot be written.
 pub const EXIT_FAILURE: u8 = 1;
 /// The command line is wrong (clap exits with it by itself).
-#[allow(dead_code)]
 pub const EXIT_USAGE: u8 = 2;
 /// The store cannot be reached or is misconfigured: a bad or missing URL, an unreachable server,
 /// refused credentials, an unreadable CA file.

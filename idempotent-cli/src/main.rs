@@ -6,10 +6,11 @@
 //! told). The commands, their output and the exit codes are described in `docs/cli.md`.
 //!
 //! Layout: [`args`] declares the command line, [`connect`] turns it into a store, one module per
-//! command ([`inspect`], [`list`], [`purge`], [`stats`], [`watch`]), and [`scan`], [`render`] and
-//! [`failure`] serve them all.
+//! command ([`inspect`], [`list`], [`purge`], [`stats`], [`watch`]), and [`client`] (a client's
+//! keys of the HTTP layer), [`scan`], [`render`] and [`failure`] serve them all.
 
 mod args;
+mod client;
 mod connect;
 mod failure;
 mod inspect;
@@ -60,7 +61,8 @@ fn report(failure: Failure) -> ExitCode {
     ExitCode::from(failure.code)
 }
 
-async fn run(cli: Cli) -> Result<(), Failure> {
+async fn run(mut cli: Cli) -> Result<(), Failure> {
+    client::resolve(&mut cli.command)?;
     let ctx = connect::connect(&cli.connection).await?;
     let mut out = std::io::stdout().lock();
     let result = match &cli.command {

@@ -774,3 +774,48 @@ async fn tls_with_a_private_ca() {
     let e = run_raw(args(&["--url", &url, "--tls-ca-file", "/nonexistent/ca.pem", "inspect", "k"])).await.expect(3);
     assert!(e.stderr.contains("/nonexistent/ca.pem"), "{e:#?}");
 }
+
+/// The HTTP layer keeps a client's keys under a hash of its credential (`http:key:32:<hash>:`),
+/// which nobody can type: `--client-header 'Authorization: ...'` (or `--client ID`) addresses them
+/// by what the operator knows. Records made through the real layer (`per_client` with
+/// `client::authorization()`), then `inspect`, `list` and `purge` of one client's keys, another
+/// client's untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_keys_by_the_header_it_sends() {
+    use idempotency::http::{client, IdempotencyLayer};
+    use tower::ServiceExt;
+
+    let t = Target::standalone();
+    let idem = Idempotency::new(t.store().await);
+    let app = axum::Router::new()
+        .route("/charges", axum::routing::post(|body: String| async move { format!("charged {body}") }))
+        .route_layer(IdempotencyLayer::per_client(idem.clone(), client::authorization()));
+    for (who, key) in [("alice", "k-a"), ("alice", "k-b"), ("bob", "k-a")] {
+        let request = axum::http::Request::post("/charges")
+            .header("authorization", format!("Bearer {who}-secret"))
+            .header("idempotency-key", format!("\"{key}\""))
+            .body(axum::body::Body::from(format!("{who} {key}")))
+            .unwrap();
+        assert_eq!(app.clone().oneshot(request).await.unwrap().status(), 200);
+    }
+    let alice = ["--client-header", "Authorization: Bearer alice-secret"];
+
+    let shown = t.cli(&[&["inspect", "k-a", "--json"][..], &alice[..]].concat()).await.expect(0);
+    let j: Value = serde_json::from_str(&shown.stdout).unwrap();
+    assert_eq!(j["state"], "completed");
+    let key = j["key"].as_str().unwrap();
+    assert!(key.starts_with("http:key:32:") && key.ends_with(":k-a") && !key.contains("alice"), "{key}");
+
+    let listed = t.cli(&[&["list", "--json"][..], &alice[..]].concat()).await.expect(0);
+    let keys: BTreeSet<String> =
+        listed.json_lines().iter().map(|r| r["key"].as_str().unwrap().rsplit(':').next().unwrap().to_owned()).collect();
+    assert_eq!(keys, BTreeSet::from(["k-a".to_owned(), "k-b".to_owned()]), "{}", listed.stdout);
+
+    t.cli(&[&["purge", "k-a", "--yes"][..], &alice[..]].concat()).await.expect(0);
+    t.cli(&[&["inspect", "k-a"][..], &alice[..]].concat()).await.expect(4);
+    let bob = ["--client-header", "Authorization: Bearer bob-secret"];
+    t.cli(&[&["inspect", "k-a"][..], &bob[..]].concat()).await.expect(0);
+    // A header without its name is a usage error, before any connection.
+    let bad = t.cli(&["inspect", "k-a", "--client-header", "Bearer bob-secret"]).await.expect(2);
+    assert!(bad.stderr.contains("'NAME: VALUE'"), "{bad:?}");
+}

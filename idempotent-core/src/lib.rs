@@ -35,6 +35,7 @@
 
 mod cache;
 mod call;
+pub mod client_key;
 mod codec;
 mod context;
 mod duration;

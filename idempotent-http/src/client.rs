@@ -8,18 +8,7 @@ use std::fmt::Display;
 
 use http::header::{HeaderName, AUTHORIZATION};
 use http::request;
-use sha1::{Digest, Sha1};
-
-/// The client a credential names: its hash, or none for an empty or blank value (every caller
-/// sending the header empty would otherwise be one client).
-fn credential(value: &[u8]) -> Option<String> {
-    (!value.iter().all(u8::is_ascii_whitespace)).then(|| hashed(value))
-}
-
-/// A hash of `bytes` (128 bits of SHA-1, as 32 hex digits): stable, and not the secret itself.
-fn hashed(bytes: &[u8]) -> String {
-    Sha1::new_with_prefix(b"client\0").chain_update(bytes).finalize()[..16].iter().map(|b| format!("{b:02x}")).collect()
-}
+use idempotent_core::client_key::client_of_credential as credential;
 
 /// The client is whoever sends this value of header `name` (an API key, a session id): its
 /// hash. A request without the header is refused with 403.
@@ -93,7 +82,7 @@ mod tests {
         assert_eq!(a.len(), 32);
         assert_eq!(auth(&parts(&[])), None);
         assert_eq!(auth(&parts(&[("authorization", "x"), ("authorization", "y")])), None);
-        assert_eq!(header("x-api-key")(&parts(&[("x-api-key", "k1")])), Some(hashed(b"k1")));
+        assert_eq!(header("x-api-key")(&parts(&[("x-api-key", "k1")])), credential(b"k1"));
         for blank in ["", " ", "\t "] {
             assert_eq!(header("x-api-key")(&parts(&[("x-api-key", blank)])), None, "{blank:?}");
             assert_eq!(authorization()(&parts(&[("authorization", blank)])), None, "{blank:?}");
