@@ -104,7 +104,7 @@ async fn a_lock_deleted_behind_its_back_is_known_lost(backend: Backend) {
 
 /// `n` callers of one runtime wait for a lock a first holder has; each takes it in turn, holds it
 /// 2 ms and lets it go, by hand or by dropping its guard (`support::handover`). Before, every
-/// release woke every waiter and each sent an acquire (10 waiters cost 64 acquires): now the
+/// release woke every waiter and each sent an acquire (10 waiters cost 76 acquires on f1b9438): now the
 /// waiters are in line, and the one whose turn it is finds the lock free when its predecessor let
 /// it go. Counted: at most 2 acquires per hand-over, for 10 and 100 waiters, in the order they
 /// came.
@@ -122,7 +122,7 @@ async fn waiters_take_the_lock_in_turn_not_as_a_herd(backend: Backend) {
     for n in [10usize, 100] {
         let key = format!("herd-{n}");
         let seen = support::handover::hand_over(store.clone(), &key, n).await;
-        assert!(seen.acquires <= 2 * seen.hand_overs, "{n} waiters: {seen:?}");
+        assert!(seen.acquires <= 2 * n, "{n} waiters, {n} hand-overs: {seen:?}");
         assert_eq!(seen.order, (0..n).collect::<Vec<_>>(), "{n} waiters: not in the order they came");
         let idem = Idempotency::builder_shared(store.clone()).build();
         let last = eventually(ms(2000), "the lock free after the last waiter", || async {

@@ -33,19 +33,18 @@ impl Store for CountingAcquires {
     }
 }
 
-/// What [`hand_over`] saw.
+/// What [`hand_over`] saw: `n` waiters make `n` hand-overs.
 #[derive(Debug)]
 pub struct HandOvers {
     /// Acquires sent, the first holder's included.
     pub acquires: usize,
-    /// How many times the lock went from one holder to the next.
-    pub hand_overs: usize,
     /// The waiters, in the order they got the lock.
     pub order: Vec<usize>,
 }
 
 /// A first holder takes `key`'s lock; `n` callers of one runtime on `store` then wait for it,
-/// one after the other (each in line before the next comes); the holder lets it go, and each
+/// one after the other (each started, and 2 ms given to reach its place in line, before the
+/// next comes); the holder lets it go, and each
 /// waiter takes it in turn, holds it 2 ms and lets it go: by hand (even waiters) or by dropping
 /// its guard (odd ones).
 pub async fn hand_over(store: Arc<dyn Store>, key: &str, n: usize) -> HandOvers {
@@ -57,7 +56,10 @@ pub async fn hand_over(store: Arc<dyn Store>, key: &str, n: usize) -> HandOvers 
     let mut waiters = Vec::new();
     for i in 0..n {
         let (idem, key, order) = (idem.clone(), key.to_owned(), order.clone());
+        let (started, running) = tokio::sync::oneshot::channel();
         waiters.push(tokio::spawn(async move {
+            let _ = started.send(());
+            // From here to its place in line the waiter runs no await that could yield.
             let guard = idem.lock(key).ttl(lease).wait(Duration::from_secs(60)).await.expect("a waiter's turn");
             order.lock().unwrap().push(i);
             tokio::time::sleep(Duration::from_millis(2)).await;
@@ -67,7 +69,10 @@ pub async fn hand_over(store: Arc<dyn Store>, key: &str, n: usize) -> HandOvers 
                 drop(guard);
             }
         }));
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        // In line before the next comes: the task has started (a task of a multi-threaded
+        // runtime may start late), and it reaches its place in line within microseconds.
+        running.await.expect("the waiter started");
+        tokio::time::sleep(Duration::from_millis(2)).await;
     }
     tokio::time::sleep(Duration::from_millis(50)).await;
     first.release().await.expect("the first holder lets the lock go");
@@ -75,5 +80,5 @@ pub async fn hand_over(store: Arc<dyn Store>, key: &str, n: usize) -> HandOvers 
         w.await.expect("a waiter panicked");
     }
     let order = order.lock().unwrap().clone();
-    HandOvers { acquires: counting.1.load(SeqCst), hand_overs: n, order }
+    HandOvers { acquires: counting.1.load(SeqCst), order }
 }

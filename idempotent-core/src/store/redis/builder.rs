@@ -336,7 +336,6 @@ impl RedisStoreBuilder {
         keys::check_prefix(&self.prefix).map_err(|m| StoreError::new(StoreErrorKind::Config, m))?;
         let config = self.resolved_config()?;
         let (shown, url) = (self.shown.clone(), self.url.clone());
-        let servers = self.shown.clone();
         // Errors name the servers (password masked) and never carry a password fred put in.
         let named = move |e: StoreError| {
             let e = e.prefixed(&shown);
@@ -391,7 +390,7 @@ impl RedisStoreBuilder {
             inner: Arc::new(Inner {
                 pool,
                 builder,
-                shown: servers,
+                shown: self.shown,
                 prefix: self.prefix,
                 timeout: self.timeout,
                 acks: self.acks,
