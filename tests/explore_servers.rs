@@ -153,7 +153,11 @@ impl Server {
         self.connect(n, relay, timeout, first).await.0
     }
 
-    /// The store, and the `RedisStore` it is on Redis (for record keys).
+    /// The store, and the `RedisStore` it is on Redis (for record keys). Connecting is tried
+    /// again for a while: another schedule's fault may have the server stopped or restarting,
+    /// and a PostgreSQL pool opens its connections within 0.8 of the store's timeout (80 ms for
+    /// the short one), which a backend started right after a crash-restart on a loaded machine
+    /// can miss. A schedule that cannot start is no finding.
     async fn connect(
         &self,
         n: u64,
@@ -161,6 +165,24 @@ impl Server {
         timeout: Duration,
         first: bool,
     ) -> (Arc<dyn Store>, Option<RedisStore>) {
+        let mut tries = 0;
+        loop {
+            match self.try_connect(n, relay, timeout, first).await {
+                Ok(connected) => return connected,
+                Err(e) if tries >= 50 => panic!("{e}"),
+                Err(_) => tries += 1,
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    async fn try_connect(
+        &self,
+        n: u64,
+        relay: Option<&Proxy>,
+        timeout: Duration,
+        first: bool,
+    ) -> Result<(Arc<dyn Store>, Option<RedisStore>), String> {
         let port = relay.map(|r| r.url().rsplit(':').next().unwrap().to_owned());
         match &self.kind {
             Kind::Redis(_) | Kind::Cluster(_) => {
@@ -170,29 +192,18 @@ impl Server {
                     (_, None) => format!("redis://127.0.0.1:{}", self.port().unwrap()),
                 };
                 let store = RedisStore::builder(&url).prefix(format!("ex{n}")).timeout(timeout).connect().await;
-                let store = store.unwrap_or_else(|e| panic!("connect to {url}: {e}"));
-                (Arc::new(store.clone()), Some(store))
+                let store = store.map_err(|e| format!("connect to {url}: {e}"))?;
+                Ok((Arc::new(store.clone()), Some(store)))
             }
             Kind::Postgres(_) => {
                 let p = port.unwrap_or_else(|| self.port().unwrap().to_string());
                 let url = format!("postgres://postgres@127.0.0.1:{p}/postgres");
-                // The pool opens its connections within 0.8 of the store's timeout, 80 ms for the
-                // short one, which a backend started right after a crash-restart on a loaded
-                // machine can miss: connecting is tried again for a while (a schedule that cannot
-                // start is no finding; see the closing note of issue 21 for the pool).
-                let mut tries = 0;
-                loop {
-                    let mut builder = PgStore::builder(&url).schema(format!("ex{n}")).pool_size(4).timeout(timeout);
-                    if first {
-                        builder = builder.migrate();
-                    }
-                    match builder.connect().await {
-                        Ok(store) => break (Arc::new(store), None),
-                        Err(e) if tries >= 50 => panic!("connect to {url}: {e}"),
-                        Err(_) => tries += 1,
-                    }
-                    tokio::time::sleep(Duration::from_millis(200)).await;
+                let mut builder = PgStore::builder(&url).schema(format!("ex{n}")).pool_size(4).timeout(timeout);
+                if first {
+                    builder = builder.migrate();
                 }
+                let store = builder.connect().await.map_err(|e| format!("connect to {url}: {e}"))?;
+                Ok((Arc::new(store), None))
             }
         }
     }
