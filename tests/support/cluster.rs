@@ -87,6 +87,31 @@ impl RedisCluster {
     /// every replica is in sync with its primary.
     pub fn start() -> RedisCluster {
         let started = Instant::now();
+        let mut failures = Vec::new();
+        for _ in 0..3 {
+            match Self::form() {
+                Ok(cluster) => {
+                    eprintln!(
+                        "redis cluster on ports {:?} formed in {:?} (after {} failed tries: {failures:?})",
+                        cluster.nodes.iter().map(|n| n.port()).collect::<Vec<_>>(),
+                        started.elapsed(),
+                        failures.len()
+                    );
+                    return cluster;
+                }
+                Err(failure) => {
+                    eprintln!("forming a redis cluster failed: {failure}");
+                    failures.push(failure);
+                }
+            }
+        }
+        panic!("could not form a redis cluster in 3 tries: {failures:#?}");
+    }
+
+    /// One try at [`start`](Self::start): six fresh nodes and `redis-cli --cluster create`,
+    /// bounded (redis-cli waits for the nodes to agree without a limit of its own). On failure,
+    /// the nodes are killed and the error says what each of them saw.
+    fn form() -> Result<RedisCluster, String> {
         let nodes: Vec<RedisServer> = (0..6)
             .map(|_| {
                 RedisServer::start_with(Arc::new(move |_, _| {
@@ -110,31 +135,47 @@ impl RedisCluster {
             })
             .collect();
         let addrs: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port())).collect();
-        let out = Command::new(redis_cli_binary())
+        let cluster = RedisCluster { nodes };
+        let what_each_saw = |cluster: &RedisCluster| -> Vec<String> {
+            cluster
+                .live_ports()
+                .iter()
+                .map(|&port| format!("{port}: {:?}", command_at(port, &["CLUSTER", "NODES"])))
+                .collect()
+        };
+        let mut create = Command::new(redis_cli_binary());
+        create
             .arg("--cluster")
             .arg("create")
             .args(&addrs)
             .args(["--cluster-replicas", "1", "--cluster-yes"])
             .stdin(Stdio::null())
-            .output()
-            .unwrap_or_else(|e| {
-                panic!("cannot run {}: {e} (scripts/install-redis.sh installs it)", redis_cli_binary())
-            });
-        assert!(
-            out.status.success(),
-            "redis-cli --cluster create failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let cluster = RedisCluster { nodes };
-        cluster.wait_healthy(Duration::from_secs(30));
-        cluster.wait_replicated(Duration::from_secs(30));
-        eprintln!(
-            "redis cluster on ports {:?} formed in {:?}",
-            cluster.nodes.iter().map(|n| n.port()).collect::<Vec<_>>(),
-            started.elapsed()
-        );
-        cluster
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let out = match super::output_within(create, Duration::from_secs(60)) {
+            Ok(out) => out,
+            Err(e) => {
+                return Err(format!("redis-cli --cluster create: {e}; the nodes saw {:#?}", what_each_saw(&cluster)))
+            }
+        };
+        if !out.status.success() {
+            return Err(format!(
+                "redis-cli --cluster create failed: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        let healthy = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            cluster.wait_healthy(Duration::from_secs(30));
+            cluster.wait_replicated(Duration::from_secs(30));
+        }));
+        match healthy {
+            Ok(()) => Ok(cluster),
+            Err(_) => Err(format!(
+                "the cluster formed but never became healthy: the nodes saw {:#?}",
+                what_each_saw(&cluster)
+            )),
+        }
     }
 
     /// The cluster shared by the tests of this binary (started on first use; never killed

@@ -9,6 +9,7 @@ pub mod postgres;
 pub mod proxy;
 pub mod sentinel;
 pub mod tls;
+pub mod watchdog;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
@@ -57,6 +58,10 @@ macro_rules! both_stores {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
+                    let _watchdog = super::support::watchdog::Watchdog::new(
+                        concat!(module_path!(), "::", stringify!($name)),
+                        super::support::watchdog::TEST_LIMIT,
+                    );
                     super::$name(super::Backend::Memory).await
                 }
             )*
@@ -65,6 +70,10 @@ macro_rules! both_stores {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
+                    let _watchdog = super::support::watchdog::Watchdog::new(
+                        concat!(module_path!(), "::", stringify!($name)),
+                        super::support::watchdog::TEST_LIMIT,
+                    );
                     super::$name(super::Backend::Redis).await
                 }
             )*
@@ -87,6 +96,10 @@ macro_rules! all_stores {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
+                    let _watchdog = super::support::watchdog::Watchdog::new(
+                        concat!(module_path!(), "::", stringify!($name)),
+                        super::support::watchdog::TEST_LIMIT,
+                    );
                     super::$name(super::Backend::Postgres).await
                 }
             )*
@@ -95,6 +108,10 @@ macro_rules! all_stores {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
+                    let _watchdog = super::support::watchdog::Watchdog::new(
+                        concat!(module_path!(), "::", stringify!($name)),
+                        super::support::watchdog::TEST_LIMIT,
+                    );
                     super::$name(super::Backend::Cluster).await
                 }
             )*
@@ -103,6 +120,10 @@ macro_rules! all_stores {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
+                    let _watchdog = super::support::watchdog::Watchdog::new(
+                        concat!(module_path!(), "::", stringify!($name)),
+                        super::support::watchdog::TEST_LIMIT,
+                    );
                     super::$name(super::Backend::Sentinel).await
                 }
             )*
@@ -111,6 +132,10 @@ macro_rules! all_stores {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
+                    let _watchdog = super::support::watchdog::Watchdog::new(
+                        concat!(module_path!(), "::", stringify!($name)),
+                        super::support::watchdog::TEST_LIMIT,
+                    );
                     super::$name(super::Backend::RedisAcl).await
                 }
             )*
@@ -159,6 +184,45 @@ pub fn hold(
     });
     tokio::task::block_in_place(|| started.recv_timeout(Duration::from_secs(10)).expect("the holder started"));
     (release, task)
+}
+
+/// Runs `cmd` (its stdout and stderr piped) to its end, or kills it once `limit` has passed and
+/// says what it had printed by then.
+pub fn output_within(mut cmd: Command, limit: Duration) -> Result<std::process::Output, String> {
+    use std::io::Read;
+    let mut child = cmd.spawn().map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut bytes);
+            }
+            bytes
+        })
+    };
+    let stdout = drain(child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let stderr = drain(child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Some(status),
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+        }
+    };
+    let (stdout, stderr) = (stdout.join().unwrap_or_default(), stderr.join().unwrap_or_default());
+    match status {
+        Some(status) => Ok(std::process::Output { status, stdout, stderr }),
+        None => Err(format!(
+            "still running after {limit:?}, killed; it had printed {:?}{:?}",
+            String::from_utf8_lossy(&stdout),
+            String::from_utf8_lossy(&stderr)
+        )),
+    }
 }
 
 /// A port nobody listens on now.
