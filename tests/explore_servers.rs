@@ -295,6 +295,8 @@ fn generate(seed: u64) -> (Schedule, Vec<Crash>) {
 /// Runs schedules on `server` for the configured time and fails on any violation.
 fn explore(server: Server, valkey: bool) {
     let Settings { limit, schedules, seed, only } = settings();
+    // EXPLORE_SHOW=1: every schedule and its history, violation or not (to study a seed).
+    let show = std::env::var("EXPLORE_SHOW").is_ok_and(|v| v == "1");
     let name = server.name(valkey);
     quiet_planned_panics();
     println!("explore on {name}: seeds from {seed} on, for {limit:?}");
@@ -335,9 +337,15 @@ fn explore(server: Server, valkey: bool) {
             let counted = |v: &&idempotent_explore::check::Violation| {
                 only.is_empty() || only.iter().any(|i| v.to_string().contains(i.as_str()))
             };
-            if let Some(v) = report.violations.iter().find(counted) {
-                stats.violations += 1;
-                println!("\nVIOLATION seed {seed} store {name}: {v}");
+            let violation = report.violations.iter().find(counted);
+            if violation.is_some() || show {
+                match violation {
+                    Some(v) => {
+                        stats.violations += 1;
+                        println!("\nVIOLATION seed {seed} store {name}: {v}");
+                    }
+                    None => println!("\nseed {seed} store {name}: no violation"),
+                }
                 println!("schedule:\n{schedule}");
                 for c in &crashes {
                     println!("  crash p{} at {}ms, back {}ms later", c.proc, c.at_ms, c.down_ms);

@@ -8,7 +8,8 @@ use idempotent_core::store::RecordState;
 
 use crate::failure::EXIT_CODES_HELP;
 
-/// Inspect, list, purge, count and watch the records the `idempotency` crate keeps in Redis.
+/// Inspect, list, purge, count and watch the records the `idempotency` crate keeps in Redis or
+/// PostgreSQL.
 #[derive(Debug, Parser)]
 #[command(name = "idempotency", version, after_help = EXIT_CODES_HELP, max_term_width = 100)]
 pub struct Cli {
@@ -24,13 +25,22 @@ pub struct Cli {
 pub struct Connection {
     /// The store's URL: redis://, rediss://, redis-cluster://host:port?node=host2:port2,
     /// redis-sentinel://host:port?sentinelServiceName=NAME (and valkey:// alike); credentials as
-    /// redis://user:password@host:port
+    /// redis://user:password@host:port; or postgres://user:password@host:port/database for a
+    /// PgStore's table (see --schema, --table)
     #[arg(long, env = "IDEMPOTENCY_REDIS_URL", hide_env_values = true, global = true, value_name = "URL")]
     pub url: Option<String>,
 
-    /// The store's key prefix (RedisStoreBuilder::prefix)
+    /// Redis: the store's key prefix (RedisStoreBuilder::prefix)
     #[arg(short = 'n', long, env = "IDEMPOTENCY_PREFIX", default_value = "idem", global = true)]
     pub namespace: String,
+
+    /// PostgreSQL: the schema of the records table (PgStoreBuilder::schema)
+    #[arg(long, env = "IDEMPOTENCY_PG_SCHEMA", default_value = "public", global = true)]
+    pub schema: String,
+
+    /// PostgreSQL: the records table (PgStoreBuilder::table)
+    #[arg(long, env = "IDEMPOTENCY_PG_TABLE", default_value = "idempotency", global = true)]
+    pub table: String,
 
     /// The bound on connecting and on every store command, like 500ms, 2s
     #[arg(long, env = "IDEMPOTENCY_TIMEOUT", default_value = "2s", value_parser = duration, global = true)]

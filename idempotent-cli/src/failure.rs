@@ -18,6 +18,8 @@ pub const EXIT_NOT_FOUND: u8 = 4;
 pub const EXIT_FOREIGN: u8 = 5;
 /// `watch`: the server's keyspace notifications are off.
 pub const EXIT_NOTIFICATIONS_OFF: u8 = 6;
+/// `watch`, `rotate-token-secret`: the command needs Redis, and the store is PostgreSQL.
+pub const EXIT_REDIS_ONLY: u8 = 7;
 
 /// The exit codes, as `--help` shows them.
 pub const EXIT_CODES_HELP: &str = "\
@@ -29,7 +31,8 @@ Exit codes:
      credentials, unreadable CA file)
   4  inspect: no record at that key
   5  inspect: the key holds a foreign value, or a record of a format this version does not read
-  6  watch: keyspace notifications are off on the server (see --enable-notifications)";
+  6  watch: keyspace notifications are off on the server (see --enable-notifications)
+  7  watch, rotate-token-secret: the store is PostgreSQL, and the command works on Redis only";
 
 /// A failed command: its exit code, and a message for stderr (none when the failure was
 /// already reported, or needs no words: output cut by a closed pipe).

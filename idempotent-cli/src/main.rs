@@ -1,4 +1,5 @@
-//! `idempotency`: the operator's tool for the records the `idempotency` crate keeps in Redis.
+//! `idempotency`: the operator's tool for the records the `idempotency` crate keeps in Redis or
+//! PostgreSQL.
 //!
 //! It reads and deletes records through the library's own operator API (`inspect`, `forget`,
 //! `scan` of `idempotent-core`), so it reads the record format exactly as the library writes
@@ -43,7 +44,11 @@ fn main() -> ExitCode {
 
 /// `rotate-token-secret`: a new shared token secret, the current one kept as the previous.
 async fn rotate(ctx: &connect::Ctx, out: &mut impl std::io::Write) -> Result<(), Failure> {
-    ctx.store.rotate_token_secret().await.map_err(|e| Failure::new(failure::EXIT_FAILURE, format!("rotate: {e}")))?;
+    let store = ctx.redis(
+        "rotate-token-secret",
+        "a PgStore's secret is the row 'token' of its _secret table (the one before, 'token:previous')",
+    )?;
+    store.rotate_token_secret().await.map_err(|e| Failure::new(failure::EXIT_FAILURE, format!("rotate: {e}")))?;
     writeln!(
         out,
         "rotated the token secret of {}: processes sign with the new one once they connect again; tokens \
@@ -73,6 +78,6 @@ async fn run(mut cli: Cli) -> Result<(), Failure> {
         Command::Watch(a) => watch::run(&ctx, a, &mut out).await,
         Command::RotateTokenSecret => rotate(&ctx, &mut out).await,
     };
-    ctx.store.quit().await;
+    ctx.close().await;
     result
 }

@@ -127,7 +127,8 @@ pub fn foreign_json(key: &str, reason: &str) -> Value {
 }
 
 /// A record whole, for `inspect`: one field a line, then the result pretty-printed.
-pub fn record_text(view: &RecordView, record_key: &str, now: SystemTime) -> String {
+/// `place` says where the record is: ("redis key", its key) or ("postgres row", its row).
+pub fn record_text(view: &RecordView, place: (&str, &str), now: SystemTime) -> String {
     let dash = || "-".to_owned();
     let ago = |at: Option<u64>| {
         at.map_or_else(dash, |ms| {
@@ -148,15 +149,12 @@ pub fn record_text(view: &RecordView, record_key: &str, now: SystemTime) -> Stri
     };
     let rows = [
         ("key", view.key.clone()),
-        ("redis key", record_key.to_owned()),
+        (place.0, place.1.to_owned()),
         ("state", state(view.state).to_owned()),
         (
             "fence",
             view.fence.map_or_else(
-                || {
-                    "- (not in the record while in progress: the holder's fence is the server's TIME at its acquire)"
-                        .into()
-                },
+                || "- (not in the record while in progress: the holder's fence was drawn at its acquire)".into(),
                 |f| f.to_string(),
             ),
         ),

@@ -1,5 +1,6 @@
 //! `stats`: records counted by state and by scope over a whole scan, and their memory estimated
-//! from `MEMORY USAGE` of a uniform sample of them (sent to the node that holds each key).
+//! from a uniform sample of them: `MEMORY USAGE` on Redis (sent to the node that holds each
+//! key), `pg_column_size` of the rows on PostgreSQL.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -7,11 +8,11 @@ use std::io::Write;
 use idempotent_core::store::redis::fred::prelude::*;
 use idempotent_core::store::redis::fred::types::{ClusterHash, CustomCommand};
 use idempotent_core::store::RecordState;
-use idempotent_core::ScanFilter;
+use idempotent_core::{PgStore, RedisStore, ScanFilter};
 use serde_json::json;
 
 use crate::args::StatsArgs;
-use crate::connect::Ctx;
+use crate::connect::{Backend, Ctx};
 use crate::failure::{Failure, EXIT_FAILURE};
 use crate::render;
 use crate::scan::Pages;
@@ -36,10 +37,11 @@ impl Counts {
     }
 }
 
-/// What the sampled records take, by `MEMORY USAGE`.
+/// What the sampled records take, by `how` (`MEMORY USAGE`, `pg_column_size`).
 struct Memory {
     sampled: u64,
     total_bytes: u64,
+    how: &'static str,
 }
 
 pub async fn run(ctx: &Ctx, args: &StatsArgs, out: &mut impl Write) -> Result<(), Failure> {
@@ -60,7 +62,10 @@ pub async fn run(ctx: &Ctx, args: &StatsArgs, out: &mut impl Write) -> Result<()
         foreign += page.foreign.len() as u64;
     }
     pages.finish();
-    let memory = measure(ctx, &sample.items).await;
+    let memory = match &ctx.backend {
+        Backend::Redis(store) => measure(ctx, store, &sample.items).await,
+        Backend::Postgres(store) => measure_rows(ctx, store, &sample.items).await,
+    };
     let mut scopes: Vec<(&String, &Counts)> = by_scope.iter().collect();
     scopes.sort_by(|a, b| b.1.total().cmp(&a.1.total()).then(a.0.cmp(b.0)));
     let estimate = |m: &Memory| (m.sampled > 0).then(|| m.total_bytes as f64 / m.sampled as f64);
@@ -74,6 +79,7 @@ pub async fn run(ctx: &Ctx, args: &StatsArgs, out: &mut impl Write) -> Result<()
             .collect();
         let memory_json = match &memory {
             Ok(m) => json!({
+                "measured_by": m.how,
                 "sampled": m.sampled,
                 "bytes_per_record": estimate(m),
                 "estimated_total_bytes": estimate(m).map(|avg| (avg * all.total() as f64).round() as u64),
@@ -93,12 +99,14 @@ pub async fn run(ctx: &Ctx, args: &StatsArgs, out: &mut impl Write) -> Result<()
         });
         writeln!(out, "{stats}")?;
     } else {
+        let under = match &ctx.backend {
+            Backend::Redis(_) => format!("{}:{{*}}:{}*", ctx.namespace, args.prefix),
+            Backend::Postgres(_) => format!("{} (keys {}*)", ctx.namespace, args.prefix),
+        };
         writeln!(
             out,
-            "{} under {}:{{*}}:{}* ({} completed, {} in progress), {}, {} examined",
+            "{} under {under} ({} completed, {} in progress), {}, {} examined",
             render::count(all.total(), "record"),
-            ctx.namespace,
-            args.prefix,
             all.completed,
             all.in_progress,
             render::count(foreign, "foreign value"),
@@ -115,8 +123,9 @@ pub async fn run(ctx: &Ctx, args: &StatsArgs, out: &mut impl Write) -> Result<()
             Ok(m) => match estimate(m) {
                 Some(avg) => writeln!(
                     out,
-                    "memory: {avg:.0} bytes per record on average (MEMORY USAGE of {} sampled); about {} for all {} \
+                    "memory: {avg:.0} bytes per record on average ({} of {} sampled); about {} for all {} \
                      (estimate)",
+                    m.how,
                     render::count(m.sampled, "record"),
                     render::bytes((avg * all.total() as f64).round() as u64),
                     render::count(all.total(), "record")
@@ -132,12 +141,12 @@ pub async fn run(ctx: &Ctx, args: &StatsArgs, out: &mut impl Write) -> Result<()
 
 /// `MEMORY USAGE` of each record key of `keys` (full keys), sent at once; keys gone since the
 /// scan are left out.
-async fn measure(ctx: &Ctx, keys: &[String]) -> Result<Memory, Failure> {
-    let client = ctx.store.pool().next();
+async fn measure(ctx: &Ctx, store: &RedisStore, keys: &[String]) -> Result<Memory, Failure> {
+    let client = store.pool().next();
     let asks: Vec<_> = keys
         .iter()
         .map(|key| {
-            let (client, record_key) = (client.clone(), ctx.store.record_key(key));
+            let (client, record_key) = (client.clone(), store.record_key(key));
             let slot = idempotent_core::store::redis::fred::util::redis_keyslot(record_key.as_bytes());
             let cmd = CustomCommand::new_static("MEMORY USAGE", ClusterHash::Custom(slot), false);
             let bound = ctx.timeout;
@@ -146,7 +155,7 @@ async fn measure(ctx: &Ctx, keys: &[String]) -> Result<Memory, Failure> {
             })
         })
         .collect();
-    let mut memory = Memory { sampled: 0, total_bytes: 0 };
+    let mut memory = Memory { sampled: 0, total_bytes: 0, how: "MEMORY USAGE" };
     for ask in asks {
         let used = match ask.await {
             Ok(Ok(Ok(used))) => used,
@@ -165,6 +174,27 @@ async fn measure(ctx: &Ctx, keys: &[String]) -> Result<Memory, Failure> {
         }
     }
     Ok(memory)
+}
+
+/// `pg_column_size` of the rows of `keys` (full keys), in one statement; rows gone since the
+/// scan are left out. (The table's indexes and dead rows are not counted: `pg_total_relation_size`
+/// says what the whole table takes.)
+async fn measure_rows(ctx: &Ctx, store: &PgStore, keys: &[String]) -> Result<Memory, Failure> {
+    use idempotent_core::store::postgres::sqlx::{self, Row};
+    let stored: Vec<String> = keys.iter().map(|k| PgStore::stored_key(k).into_owned()).collect();
+    let sql = format!(
+        "SELECT count(*), coalesce(sum(pg_column_size(t.*)), 0)::bigint FROM {} t WHERE key = ANY($1)",
+        store.table()
+    );
+    let query = sqlx::query(&sql).bind(stored).fetch_one(store.pool());
+    let row = match tokio::time::timeout(ctx.timeout, query).await {
+        Ok(Ok(row)) => row,
+        Ok(Err(e)) => return Err(Failure::new(EXIT_FAILURE, format!("pg_column_size: {e}"))),
+        Err(_) => return Err(Failure::new(EXIT_FAILURE, format!("pg_column_size: timed out after {:?}", ctx.timeout))),
+    };
+    let get =
+        |i: usize| row.try_get::<i64, _>(i).map_err(|e| Failure::new(EXIT_FAILURE, format!("pg_column_size: {e}")));
+    Ok(Memory { sampled: get(0)? as u64, total_bytes: get(1)? as u64, how: "pg_column_size" })
 }
 
 /// A uniform sample of at most `capacity` keys from a stream of unknown length (reservoir

@@ -11,6 +11,7 @@ use idempotent_core::store::redis::fred::prelude::*;
 use idempotent_core::store::redis::fred::types::config::{Config, ServerConfig};
 use idempotent_core::store::redis::fred::types::{ClusterHash, CustomCommand, KeyspaceEvent};
 use idempotent_core::store::Inspected;
+use idempotent_core::RedisStore;
 use serde_json::json;
 
 use crate::args::WatchArgs;
@@ -23,18 +24,29 @@ use crate::render;
 const NEEDED: [char; 4] = ['K', '$', 'g', 'x'];
 
 pub async fn run(ctx: &Ctx, args: &WatchArgs, out: &mut impl Write) -> Result<(), Failure> {
+    let store = ctx.redis(
+        "watch",
+        "it follows keyspace notifications, and PostgreSQL notifies only purges and the keys a caller \
+         waits on, so most transitions would never show; run list again instead",
+    )?;
     let mut nodes = Vec::new();
-    for config in node_configs(ctx)? {
+    for config in node_configs(store)? {
         nodes.push(Node::connect(config, ctx.timeout).await?);
     }
-    let result = watch(ctx, args, &nodes, out).await;
+    let result = watch(ctx, store, args, &nodes, out).await;
     for node in &nodes {
         let _ = tokio::time::timeout(ctx.timeout, node.client.quit()).await;
     }
     result
 }
 
-async fn watch(ctx: &Ctx, args: &WatchArgs, nodes: &[Node], out: &mut impl Write) -> Result<(), Failure> {
+async fn watch(
+    ctx: &Ctx,
+    store: &RedisStore,
+    args: &WatchArgs,
+    nodes: &[Node],
+    out: &mut impl Write,
+) -> Result<(), Failure> {
     let mut off = Vec::new();
     for node in nodes {
         let flags = node.notify_flags(ctx.timeout).await?;
@@ -112,7 +124,7 @@ async fn watch(ctx: &Ctx, args: &WatchArgs, nodes: &[Node], out: &mut impl Write
             },
         };
         let Some(record_key) = event.key.as_str() else { continue };
-        let Some(full_key) = full_key_of(ctx, record_key) else { continue };
+        let Some(full_key) = full_key_of(ctx, store, record_key) else { continue };
         if !full_key.starts_with(&args.prefix) {
             continue;
         }
@@ -180,9 +192,9 @@ async fn print_event(ctx: &Ctx, json: bool, op: &str, key: &str, out: &mut impl 
 
 /// The full key of a record key under the namespace: `{namespace}:{8 hex digits}:{full key}`,
 /// checked by building the record key back (the hash tag must be the key's own).
-fn full_key_of<'a>(ctx: &Ctx, record_key: &'a str) -> Option<&'a str> {
+fn full_key_of<'a>(ctx: &Ctx, store: &RedisStore, record_key: &'a str) -> Option<&'a str> {
     let full = record_key.strip_prefix(ctx.namespace.as_str())?.strip_prefix(":{")?.get(10..)?;
-    (ctx.store.record_key(full) == record_key).then_some(full)
+    (store.record_key(full) == record_key).then_some(full)
 }
 
 /// `text` with the glob characters of a channel pattern escaped.
@@ -207,8 +219,8 @@ fn with_needed(flags: &str) -> String {
 
 /// The configuration of a client for each node to subscribe on: every primary of a cluster, or
 /// the one server (a Sentinel group's primary) otherwise.
-fn node_configs(ctx: &Ctx) -> Result<Vec<Config>, Failure> {
-    let client = ctx.store.pool().next();
+fn node_configs(store: &RedisStore) -> Result<Vec<Config>, Failure> {
+    let client = store.pool().next();
     let config = client.client_config();
     if !config.server.is_clustered() {
         return Ok(vec![config]);

@@ -184,6 +184,18 @@ async fn hold(idem: &Idempotency, scope: &str, key: &str) -> tokio::task::JoinHa
     task
 }
 
+/// `ops:a` completed with `result` (kept 10 minutes, with a fingerprint) and `ops:b` held in
+/// progress by the task returned.
+async fn ops_records(idem: &Idempotency, result: &Value) -> tokio::task::JoinHandle<R<u32>> {
+    let a: R<Value> = idem
+        .run(Call::new("a").scope("ops").keep(Duration::from_secs(600)).fingerprint(&1), || async {
+            Ok(result.clone())
+        })
+        .await;
+    assert_eq!(&a.unwrap(), result);
+    hold(idem, "ops", "b").await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_command_on_a_standalone_server() {
     every_command(Target::standalone()).await;
@@ -198,13 +210,7 @@ async fn every_command(t: Target) {
     let store = t.store().await;
     let idem = Idempotency::new(store.clone());
     let result = json!({ "id": 7, "note": "a|b" });
-    let a: R<Value> = idem
-        .run(Call::new("a").scope("ops").keep(Duration::from_secs(600)).fingerprint(&1), || async {
-            Ok(result.clone())
-        })
-        .await;
-    assert_eq!(a.unwrap(), result);
-    let holder = hold(&idem, "ops", "b").await;
+    let holder = ops_records(&idem, &result).await;
     for i in 1..=2 {
         let r: R<u32> =
             idem.run(Call::new(format!("stripe:{i}")).scope("my_crate::payments::pay"), || async { Ok(i) }).await;
@@ -818,4 +824,107 @@ async fn a_clients_keys_by_the_header_it_sends() {
     // A header without its name is a usage error, before any connection.
     let bad = t.cli(&["inspect", "k-a", "--client-header", "Bearer bob-secret"]).await.expect(2);
     assert!(bad.stderr.contains("'NAME: VALUE'"), "{bad:?}");
+}
+
+/// Every command on a `PgStore`'s table (`postgres://` URL, `--schema`): what it reads and
+/// deletes is what the library sees; `watch` and `rotate-token-secret`, which need Redis, exit 7
+/// saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_command_on_postgres() {
+    let url = tokio::task::block_in_place(support::postgres::shared_database);
+    let schema = support::postgres::unique_schema();
+    let store = support::postgres::connect_clients(url, &schema, 1).await.remove(0);
+    let idem = Idempotency::new(store.clone());
+    let pg = |args: &[&str]| {
+        let mut all: Vec<OsString> = vec!["--url".into(), url.into(), "--schema".into(), schema.clone().into()];
+        all.extend(args.iter().map(OsString::from));
+        run_raw(all)
+    };
+    let result = json!({ "id": 7, "note": "it's" });
+    let holder = ops_records(&idem, &result).await;
+    for i in 0..5 {
+        let r: R<u32> = idem.run(Call::new(format!("{i}")).scope("spread"), || async move { Ok(i) }).await;
+        r.unwrap();
+    }
+    let total = 2 + 5;
+
+    // inspect: the row whole, and where it is.
+    let a = view(&idem, "ops:a").await;
+    let f = fields(&pg(&["inspect", "ops:a"]).await.expect(0).stdout);
+    assert_eq!(f["key"], "ops:a");
+    assert_eq!(f["postgres row"], format!("{} WHERE key = 'ops:a'", store.table()));
+    assert_eq!((f["state"].as_str(), f["fence"].clone()), ("completed", a.fence.unwrap().to_string()));
+    assert_eq!(f["fingerprint"], a.fingerprint.clone().unwrap());
+    let j: Value = serde_json::from_str(&pg(&["inspect", "ops:a", "--json"]).await.expect(0).stdout).unwrap();
+    assert_eq!((j["result"].clone(), j["stored_ms"].clone()), (result.clone(), json!(a.stored_ms)));
+    let j: Value = serde_json::from_str(&pg(&["inspect", "ops:b", "--json"]).await.expect(0).stdout).unwrap();
+    assert_eq!(
+        (j["state"].as_str(), j["owner"].clone()),
+        (Some("in_progress"), json!(view(&idem, "ops:b").await.owner))
+    );
+    let absent = pg(&["inspect", "ops:none"]).await.expect(4);
+    assert!(
+        absent.stderr.contains(&format!("no record at \"ops:none\" (postgres row {}", store.table())),
+        "{absent:#?}"
+    );
+
+    // list and stats: every row, by state and scope; the rows' size measured.
+    let listed_all = listed(&pg(&["list", "--json"]).await.expect(0));
+    assert_eq!(listed_all.len(), total, "{listed_all:?}");
+    assert_eq!(listed_all["ops:b"], "in_progress");
+    let in_progress = listed(&pg(&["list", "--state", "in-progress", "--json"]).await.expect(0));
+    assert_eq!(in_progress.into_keys().collect::<Vec<_>>(), ["ops:b"]);
+    let stats: Value = serde_json::from_str(&pg(&["stats", "--json"]).await.expect(0).stdout).unwrap();
+    assert_eq!((stats["records"].as_u64(), stats["in_progress"].as_u64()), (Some(total as u64), Some(1)));
+    assert_eq!(stats["scopes"]["spread"], json!({ "records": 5, "completed": 5, "in_progress": 0 }));
+    assert_eq!(
+        (stats["memory"]["measured_by"].as_str(), stats["memory"]["sampled"].as_u64()),
+        (Some("pg_column_size"), Some(total as u64))
+    );
+    let text = pg(&["stats"]).await.expect(0);
+    assert!(text.stdout.starts_with(&format!("{total} records under {} (keys *)", store.table())), "{}", text.stdout);
+
+    // purge: a dry run deletes nothing; --yes deletes completed rows; --force the one in progress.
+    let dry = pg(&["purge", "--prefix", "ops:"]).await.expect(0);
+    assert!(dry.lines().contains(&"would delete  completed    ops:a"), "{}", dry.stdout);
+    assert!(matches!(idem.inspect("", "ops:a").await.unwrap(), Inspected::Record(_)));
+    let yes = pg(&["purge", "--prefix", "spread:", "--yes"]).await.expect(0);
+    assert_eq!(
+        yes.lines().last().unwrap(),
+        &"deleted 5, 0 skipped (in progress, without --force), 0 absent, 0 foreign"
+    );
+    assert_eq!(idem.inspect("", "spread:3").await.unwrap(), Inspected::Absent);
+    let skipped = pg(&["purge", "ops:b", "--yes"]).await.expect(0);
+    assert!(
+        skipped.lines().contains(&"skipped       in_progress  ops:b  (in progress: --force deletes it)"),
+        "{skipped:#?}"
+    );
+    pg(&["purge", "ops:b", "ops:a", "--force", "--yes"]).await.expect(0);
+    assert_eq!(idem.inspect("", "ops:b").await.unwrap(), Inspected::Absent);
+    assert_eq!(idem.inspect("", "ops:a").await.unwrap(), Inspected::Absent);
+    holder.abort();
+    let again: R<u32> = idem.run(Call::new("a").scope("ops").fingerprint(&2), || async { Ok(8) }).await;
+    assert_eq!(again.unwrap(), 8, "a key purged by the CLI did not run again");
+
+    // What needs Redis says so, with its own exit code.
+    let watch = pg(&["watch", "--for", "1s"]).await.expect(7);
+    assert!(
+        watch.stderr.contains("watch works on Redis only") && watch.stderr.contains("run list again"),
+        "{watch:#?}"
+    );
+    let rotate = pg(&["rotate-token-secret"]).await.expect(7);
+    assert!(rotate.stderr.contains("_secret table"), "{rotate:#?}");
+    // A server that is not there, and a table that is not there: exit 3, saying which.
+    let unreachable = run_raw(vec![
+        "--url".into(),
+        "postgres://127.0.0.1:1/none".into(),
+        "--timeout".into(),
+        "500ms".into(),
+        "list".into(),
+    ])
+    .await
+    .expect(3);
+    assert!(unreachable.stderr.contains("cannot connect"), "{unreachable:#?}");
+    let no_table = pg(&["--table", "nothing_here", "list"]).await.expect(3);
+    assert!(no_table.stderr.contains("nothing_here\" does not exist"), "{no_table:#?}");
 }
