@@ -78,7 +78,7 @@ fi
 if [ -n "$servers" ]; then
     # The test binary itself is run, not `cargo test`, which would hold the build directory's
     # lock for the whole run.
-    binary=$(cargo test --all-features --test explore_servers --no-run 2>&1 | tee /dev/stderr |
+    binary=$(cargo test -p idempotency --all-features --test explore_servers --no-run 2>&1 | tee /dev/stderr |
         sed -n 's/.*Executable tests\/explore_servers.rs (\(.*\))$/\1/p' | tail -1)
     [ -x "$binary" ] || { echo "explore: could not build tests/explore_servers.rs" >&2; exit 2; }
 fi

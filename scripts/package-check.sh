@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 
 echo "== cargo package --workspace"
-cargo package --workspace --exclude idempotent-explore --exclude idempotent-bench --allow-dirty --quiet
+cargo package --workspace --exclude idempotent-explore --exclude idempotent-bench --exclude idempotency-examples --allow-dirty --quiet
 
 version=$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json,sys; print([p["version"] for p in json.load(sys.stdin)["packages"] if p["name"]=="idempotency"][0])')
 pkg="$root/target/package"

@@ -31,7 +31,7 @@ cargo test --workspace --all-features
 echo "== the suites whose behaviour depends on the server, again on Valkey $VALKEY_SERVER"
 # The same tests, every server they start a valkey-server: the commit path is SET IFEQ there.
 # (tests/commit_paths.rs runs on both servers in the run above; TLS is not built into our Valkey.)
-REDIS_SERVER="$VALKEY_SERVER" cargo test --all-features \
+REDIS_SERVER="$VALKEY_SERVER" cargo test -p idempotency --all-features \
     --test semantics --test guarantees --test proxy_faults --test redis_faults --test lock \
     --test security --test cluster --test sentinel --test operations
 

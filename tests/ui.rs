@@ -2,7 +2,7 @@
 //! each diagnostic, with its message and span, in `tests/ui/fail/*.stderr`.
 //!
 //! Regenerate the snapshots after a deliberate change of a message:
-//! `TRYBUILD=overwrite cargo test --test ui`, then read every changed `.stderr`.
+//! `TRYBUILD=overwrite cargo test -p idempotency --test ui`, then read every changed `.stderr`.
 
 #[test]
 fn ui() {
