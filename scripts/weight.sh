@@ -13,7 +13,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 variants=("$@")
-[ ${#variants[@]} -eq 0 ] && variants=(axum default axum-layer metrics postgres)
+[ ${#variants[@]} -eq 0 ] && variants=(axum redis default axum-layer metrics postgres)
 
 mkdir -p "$work/svc/src"
 cat >"$work/svc/src/main.rs" <<'RS'

@@ -337,27 +337,25 @@ fn explore(server: Server, valkey: bool) {
             let counted = |v: &&idempotent_explore::check::Violation| {
                 only.is_empty() || only.iter().any(|i| v.to_string().contains(i.as_str()))
             };
-            let violation = report.violations.iter().find(counted);
-            if violation.is_some() || show {
-                match violation {
-                    Some(v) => {
-                        stats.violations += 1;
-                        println!("\nVIOLATION seed {seed} store {name}: {v}");
-                    }
-                    None => println!("\nseed {seed} store {name}: no violation"),
+            match report.violations.iter().find(counted) {
+                Some(v) => {
+                    stats.violations += 1;
+                    println!("\nVIOLATION seed {seed} store {name}: {v}");
                 }
-                println!("schedule:\n{schedule}");
-                for c in &crashes {
-                    println!("  crash p{} at {}ms, back {}ms later", c.proc, c.at_ms, c.down_ms);
-                }
-                println!("its history (us):");
-                for (t, e) in &events {
-                    println!("  {t:>9} {e:?}");
-                }
-                println!(
-                    "again: bash scripts/explore.sh --store {name} --seed {seed} --schedules 1 (real servers do not replay exactly)"
-                );
+                None if show => println!("\nseed {seed} store {name}: no violation"),
+                None => continue,
             }
+            println!("schedule:\n{schedule}");
+            for c in &crashes {
+                println!("  crash p{} at {}ms, back {}ms later", c.proc, c.at_ms, c.down_ms);
+            }
+            println!("its history (us):");
+            for (t, e) in &events {
+                println!("  {t:>9} {e:?}");
+            }
+            println!(
+                "again: bash scripts/explore.sh --store {name} --seed {seed} --schedules 1 (real servers do not replay exactly)"
+            );
         }
     });
     let faults: u64 = stats.faults.values().sum();

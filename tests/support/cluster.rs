@@ -6,7 +6,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::{command_at, info_field, redis_cli_binary, wait_for, RedisServer};
+use super::{command_at, info_field, redis_cli_binary, try_wait_for, wait_for, RedisServer};
 
 /// How long a node may be unreachable before the cluster fails it over (and what the tests'
 /// failover times are made of).
@@ -165,14 +165,13 @@ impl RedisCluster {
                 String::from_utf8_lossy(&out.stderr)
             ));
         }
-        let healthy = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            cluster.wait_healthy(Duration::from_secs(30));
-            cluster.wait_replicated(Duration::from_secs(30));
-        }));
+        let limit = Duration::from_secs(30);
+        let healthy = try_wait_for(limit, || cluster.health_problem().map_or(Ok(()), Err))
+            .and_then(|()| try_wait_for(limit, || cluster.replication_problem().map_or(Ok(()), Err)));
         match healthy {
             Ok(()) => Ok(cluster),
-            Err(_) => Err(format!(
-                "the cluster formed but never became healthy: the nodes saw {:#?}",
+            Err(problem) => Err(format!(
+                "the cluster formed but is not healthy within {limit:?} ({problem}): the nodes saw {:#?}",
                 what_each_saw(&cluster)
             )),
         }

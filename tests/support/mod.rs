@@ -49,6 +49,19 @@ pub fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
+/// One test of a store module: `super::$name` on `Backend::$backend`, under a [`watchdog`] (a test
+/// still running after [`watchdog::TEST_LIMIT`] names itself and aborts the binary).
+#[allow(unused_macros)]
+macro_rules! store_test {
+    ($name:ident, $backend:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            let _watchdog = super::support::watchdog::Watchdog::test(concat!(module_path!(), "::", stringify!($name)));
+            super::$name(super::Backend::$backend).await
+        }
+    };
+}
+
 /// Runs each named `async fn(Backend)` of the including file as two tests, `memory::name` and
 /// `redis::name`: one suite, two stores.
 #[allow(unused_macros)]
@@ -56,26 +69,12 @@ macro_rules! both_stores {
     ($($name:ident),* $(,)?) => {
         mod memory {
             $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    let _watchdog = super::support::watchdog::Watchdog::new(
-                        concat!(module_path!(), "::", stringify!($name)),
-                        super::support::watchdog::TEST_LIMIT,
-                    );
-                    super::$name(super::Backend::Memory).await
-                }
+                store_test!($name, Memory);
             )*
         }
         mod redis {
             $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    let _watchdog = super::support::watchdog::Watchdog::new(
-                        concat!(module_path!(), "::", stringify!($name)),
-                        super::support::watchdog::TEST_LIMIT,
-                    );
-                    super::$name(super::Backend::Redis).await
-                }
+                store_test!($name, Redis);
             )*
         }
     };
@@ -94,50 +93,22 @@ macro_rules! all_stores {
         both_stores!($($name),*);
         mod postgres {
             $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    let _watchdog = super::support::watchdog::Watchdog::new(
-                        concat!(module_path!(), "::", stringify!($name)),
-                        super::support::watchdog::TEST_LIMIT,
-                    );
-                    super::$name(super::Backend::Postgres).await
-                }
+                store_test!($name, Postgres);
             )*
         }
         mod cluster {
             $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    let _watchdog = super::support::watchdog::Watchdog::new(
-                        concat!(module_path!(), "::", stringify!($name)),
-                        super::support::watchdog::TEST_LIMIT,
-                    );
-                    super::$name(super::Backend::Cluster).await
-                }
+                store_test!($name, Cluster);
             )*
         }
         mod sentinel {
             $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    let _watchdog = super::support::watchdog::Watchdog::new(
-                        concat!(module_path!(), "::", stringify!($name)),
-                        super::support::watchdog::TEST_LIMIT,
-                    );
-                    super::$name(super::Backend::Sentinel).await
-                }
+                store_test!($name, Sentinel);
             )*
         }
         mod acl {
             $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    let _watchdog = super::support::watchdog::Watchdog::new(
-                        concat!(module_path!(), "::", stringify!($name)),
-                        super::support::watchdog::TEST_LIMIT,
-                    );
-                    super::$name(super::Backend::RedisAcl).await
-                }
+                store_test!($name, RedisAcl);
             )*
         }
     };
@@ -189,9 +160,7 @@ pub fn hold(
 /// Runs `cmd` (its stdout and stderr piped) to its end, or kills it once `limit` has passed and
 /// says what it had printed by then.
 pub fn output_within(mut cmd: Command, limit: Duration) -> Result<std::process::Output, String> {
-    use std::io::Read;
-    let mut child = cmd.spawn().map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
-    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+    fn drain(pipe: Option<impl std::io::Read + Send + 'static>) -> std::thread::JoinHandle<Vec<u8>> {
         std::thread::spawn(move || {
             let mut bytes = Vec::new();
             if let Some(mut pipe) = pipe {
@@ -199,9 +168,9 @@ pub fn output_within(mut cmd: Command, limit: Duration) -> Result<std::process::
             }
             bytes
         })
-    };
-    let stdout = drain(child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
-    let stderr = drain(child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    }
+    let mut child = cmd.spawn().map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
+    let (stdout, stderr) = (drain(child.stdout.take()), drain(child.stderr.take()));
     let deadline = Instant::now() + limit;
     let status = loop {
         match child.try_wait() {
@@ -806,14 +775,19 @@ where
 /// The blocking counterpart of [`eventually`], for fixtures outside the runtime: runs `attempt`
 /// every 20 ms until it returns `Ok`, for at most `limit`; panics with `what` and the last `Err`
 /// (what is still wrong) otherwise.
-pub fn wait_for<T>(limit: Duration, what: &str, mut attempt: impl FnMut() -> Result<T, String>) -> T {
+pub fn wait_for<T>(limit: Duration, what: &str, attempt: impl FnMut() -> Result<T, String>) -> T {
+    try_wait_for(limit, attempt).unwrap_or_else(|problem| panic!("{what} not within {limit:?}: {problem}"))
+}
+
+/// [`wait_for`] that gives the last problem back instead of panicking.
+pub fn try_wait_for<T>(limit: Duration, mut attempt: impl FnMut() -> Result<T, String>) -> Result<T, String> {
     let deadline = Instant::now() + limit;
     loop {
         match attempt() {
-            Ok(v) => return v,
-            Err(problem) => assert!(Instant::now() < deadline, "{what} not within {limit:?}: {problem}"),
+            Ok(v) => return Ok(v),
+            Err(problem) if Instant::now() >= deadline => return Err(problem),
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
         }
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
