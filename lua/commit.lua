@@ -1,11 +1,12 @@
 -- commit.lua: IN_PROGRESS -> COMPLETED with the result, only for the owner holding the key.
 -- If the key is gone (the lease ran out and nobody took it), the result is recorded anyway:
 -- the body ran, and a duplicate must not run it again. Committing twice is 'ok' twice (a
--- completed record with this acquisition's fence is this commit's).
+-- completed record with this owner in it is this commit's; records of earlier versions name no
+-- owner, only the acquisition's fence).
 -- KEYS[1]  the record
 -- ARGV[1]  owner id
 -- ARGV[2]  keep: how long the completed record lives, in milliseconds (0: delete it now)
--- ARGV[3]  fencing token of the acquisition
+-- ARGV[3]  fencing token of the acquisition ('0' when the body never read it)
 -- ARGV[4]  the record an acquisition by this owner writes (see record.rs)
 -- ARGV[5]  the completed record to write (built by the caller: see lib.lua)
 -- Returns {'ok'}, {'lost'} (another owner holds or completed the key), or {'corrupt', reason}
@@ -32,7 +33,7 @@ if rec == false then
 end
 if rec ~= nil then
   if rec.s == 'C' then
-    if rec.n == ARGV[3] then
+    if rec.o == owner or (rec.o == '' and rec.n ~= '0' and rec.n == ARGV[3]) then
       return { 'ok' }
     end
     return { 'lost' }

@@ -6,12 +6,15 @@
 --   s|n|o|f|t|w|r
 --
 --   s   state: 'P' in progress, 'C' completed
---   n   fencing token: 0 while P (the acquire's token is the server's `TIME` read right after
---       the record was written, returned to the caller and not stored, so that every P record
---       of an owner is the same string, which a commit can compare whole); in a C record, the
---       token of the acquisition that completed it (the server's clock in microseconds)
---   o   owner id of the attempt holding the key (P only); the runtime's owner ids carry the
---       time the attempt started (see docs/records.md)
+--   n   fencing token: 0 while P (the token is the server's `TIME`, read by the owner while it
+--       holds the key: right after the acquire where the caller wants it at once, or on first
+--       use by fence.lua; returned to the caller and not stored, so that every P record of an
+--       owner is the same string, which a commit can compare whole); in a C record, the token
+--       of the acquisition that completed it (the server's clock in microseconds), or 0 when
+--       its body never read it
+--   o   owner id: in a P record, of the attempt holding the key; in a C record, of the attempt
+--       that completed it (a repeated commit knows itself by it); the runtime's owner ids carry
+--       the time the attempt started (see docs/records.md)
 --   f   fingerprint of the payload the key was first used with
 --   t   C only: when the result was stored (unix ms), by the committing client's clock: for
 --       operators (age filters), never for a decision
@@ -20,7 +23,8 @@
 --   r   the stored result, last so it may contain '|' (C only; empty when not replayable: a
 --       JSON result is never empty)
 --
--- So `redis-cli GET <key>` shows a completed record as `C|1764505474123456|||1764505474200||{"id":7}`.
+-- So `redis-cli GET <key>` shows a completed record as
+-- `C|0|AAAAAAgR7uBddltXePwIaA||1764505474200||{"id":7}` (its body never read its fence).
 -- A record's lifetime is its key's own expiry: the lease while P, `keep` once C (`PTTL`).
 -- A string keeps a completed record at its result's size plus a few dozen bytes, where a hash
 -- with a result over 64 bytes would leave the compact encoding and cost hundreds.

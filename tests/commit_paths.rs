@@ -1,6 +1,7 @@
 //! Which commands the transitions use on which server, by exact counts the server keeps
 //! (`INFO commandstats`), each test on a Redis 7.0 and on a Valkey 8.1 in turn: on Valkey a
-//! first execution is a `SET NX GET`, a `TIME` and a `SET IFEQ`, no script; a commit that does
+//! first execution is a `SET NX GET` and a `SET IFEQ`, no script (a body that reads its fence
+//! adds one script call, with the server's `TIME` in it); a commit that does
 //! not find exactly its own pending record (a waiter marked it, the lease was lost) runs the
 //! script and decides as on Redis; on Redis 7.0 every commit is the script.
 
@@ -45,12 +46,36 @@ async fn first_executions_use_plain_commands_where_the_server_has_compare_and_se
         let stats = server.command_calls();
         let scripts = count(&stats, "evalsha") + count(&stats, "eval");
         let counted = (count(&stats, "set"), count(&stats, "time"), scripts, count(&stats, "get"));
+        // The fencing token is left unread (no body here asks for it): no `TIME`.
         if valkey {
-            // SET NX GET, TIME, SET IFEQ: no script, nothing read back.
-            assert_eq!(counted, (40, 20, 0, 0), "{expected}: {stats:?}");
+            // SET NX GET, SET IFEQ: no script, nothing read back.
+            assert_eq!(counted, (40, 0, 0, 0), "{expected}: {stats:?}");
         } else {
-            assert_eq!(counted, (40, 20, 20, 20), "{expected}: {stats:?}");
+            assert_eq!(counted, (40, 0, 20, 20), "{expected}: {stats:?}");
         }
+        // A replay is its SET NX GET alone.
+        server.command(&["CONFIG", "RESETSTAT"]).unwrap();
+        for i in 0..20u32 {
+            let got: R<u32> = idem.run(Call::new(format!("first:{i}")), || async move { Ok(0) }).await;
+            assert_eq!(got.unwrap(), i);
+        }
+        let stats = server.command_calls();
+        let scripts = count(&stats, "evalsha") + count(&stats, "eval");
+        assert_eq!((count(&stats, "set"), count(&stats, "time"), scripts), (20, 0, 0), "{expected}: {stats:?}");
+        // A body that reads its fence pays one script call, which reads the server's clock.
+        server.command(&["CONFIG", "RESETSTAT"]).unwrap();
+        for i in 0..20u32 {
+            let got: R<u64> = idem
+                .run(Call::new(format!("fenced:{i}")), || async {
+                    Ok(idempotency::CallContext::current().unwrap().fence().await?)
+                })
+                .await;
+            assert!(got.unwrap() > 0);
+        }
+        let stats = server.command_calls();
+        let scripts = count(&stats, "evalsha") + count(&stats, "eval");
+        let want_scripts = if valkey { 20 } else { 40 };
+        assert_eq!((count(&stats, "time"), scripts), (20, want_scripts), "{expected}: {stats:?}");
         // And they replay as themselves.
         let replayed: R<u32> = idem.run(Call::new("first:7"), || async { Ok(0) }).await;
         assert_eq!(replayed.unwrap(), 7);

@@ -258,16 +258,19 @@ async fn a_forced_forget_never_gives_the_next_holder_a_smaller_fence(backend: Ba
         let a = a.clone();
         async move {
             a.run(Call::new("forced").ttl(Duration::from_secs(30)), || async move {
+                // Read while it holds the key, as a body that writes with it does.
+                let fence = CallContext::current().unwrap().fence().await?;
                 let _ = taken_tx.send(());
                 let _ = forgotten.await;
-                R::Ok(CallContext::current().unwrap().fence())
+                R::Ok(fence)
             })
             .await
         }
     });
     taken.await.unwrap();
     b.forget("", "forced", Force::InProgress).await.unwrap();
-    let second: R<u64> = b.run(Call::new("forced"), || async { Ok(CallContext::current().unwrap().fence()) }).await;
+    let second: R<u64> =
+        b.run(Call::new("forced"), || async { Ok(CallContext::current().unwrap().fence().await?) }).await;
     let _ = forgotten_tx.send(());
     let first = first.await.unwrap().unwrap();
     let second = second.unwrap();

@@ -24,7 +24,7 @@ async fn store(url: &str, timeout: Duration) -> RedisStore {
 /// A body that reports its fencing token, then holds the key for `hold` (past its lease, when
 /// renewal is off).
 async fn fenced_hold(hold: Duration) -> R<u64> {
-    let fence = CallContext::current().expect("inside a call").fence();
+    let fence = CallContext::current().expect("inside a call").fence().await?;
     tokio::time::sleep(hold).await;
     Ok(fence)
 }
@@ -74,29 +74,30 @@ fn take_once(
     action: &str,
 ) -> (tokio::task::JoinHandle<()>, tokio::sync::oneshot::Receiver<u64>) {
     let (tx, rx) = tokio::sync::oneshot::channel();
-    let report = move || {
-        let _ = tx.send(CallContext::current().unwrap().fence());
+    let report = move || async move {
+        let fence = CallContext::current().unwrap().fence().await.expect("the holder reads its fence");
+        let _ = tx.send(fence);
     };
     let (idem, call, action) = (idem.clone(), Call::new(key), action.to_owned());
     let task = tokio::spawn(async move {
         let _: R<()> = match action.as_str() {
             "release" => {
                 idem.run(call, || async move {
-                    report();
+                    report().await;
                     Err(AppError::Failed("release"))
                 })
                 .await
             }
             "commit" => {
                 idem.run(call.keep(ms(50)), || async move {
-                    report();
+                    report().await;
                     Ok(())
                 })
                 .await
             }
             _ => {
                 idem.run(call.ttl(ms(150)).renew(false), || async move {
-                    report();
+                    report().await;
                     tokio::time::sleep(Duration::from_secs(3600)).await;
                     Ok(())
                 })
@@ -206,7 +207,7 @@ async fn hold_without_renewal(idem: &Idempotency, key: &'static str) -> (u64, to
     let holder = tokio::spawn(async move {
         let _ = idem
             .run(Call::new(key).ttl(ms(300)).renew(false), || async move {
-                let _ = tx.send(CallContext::current().unwrap().fence());
+                let _ = tx.send(CallContext::current().unwrap().fence().await?);
                 tokio::time::sleep(Duration::from_secs(3600)).await;
                 R::Ok(())
             })

@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime};
 
 use idempotency::store::{Forgotten, Inspected, RecordState, RecordView};
-use idempotency::{Call, Force, Idempotency, RedisStore, RedisStoreBuilder, ScanFilter, StoreErrorKind};
+use idempotency::{Call, CallContext, Force, Idempotency, RedisStore, RedisStoreBuilder, ScanFilter, StoreErrorKind};
 use support::{Backend, Fixture, RedisServer, R};
 use tokio::time::Instant;
 
@@ -43,8 +43,13 @@ async fn records_are_inspected_forgotten_and_scanned(backend: Backend) {
     let fx = Fixture::new(backend, 1).await;
     let idem = fx.idem(0);
     let now_ms = || SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_millis() as u64;
-    let done: R<u32> =
-        idem.run(Call::new("a").scope("ops").keep(Duration::from_secs(600)).fingerprint(&1), || async { Ok(7) }).await;
+    let done: R<u32> = idem
+        .run(Call::new("a").scope("ops").keep(Duration::from_secs(600)).fingerprint(&1), || async {
+            // Read, so that the completed record carries it (a body that never reads it leaves 0).
+            CallContext::current().unwrap().fence().await?;
+            Ok(7)
+        })
+        .await;
     assert_eq!(done.unwrap(), 7);
     let (tx, rx) = tokio::sync::oneshot::channel();
     let holder = tokio::spawn({

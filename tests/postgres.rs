@@ -77,7 +77,7 @@ async fn insert_then<T>(
     let ctx = CallContext::current().expect("in a call");
     sqlx::query(&insert_effect(schema))
         .bind(ctx.key())
-        .bind(ctx.fence() as i64)
+        .bind(ctx.fence().await? as i64)
         .execute(&mut **tx)
         .await
         .map_err(db_error)?;
@@ -286,7 +286,7 @@ async fn run_once(
                 Box::pin(async move {
                     insert_then(tx, &schema, async {
                         tokio::time::sleep(pause).await;
-                        Ok(CallContext::current().unwrap().fence())
+                        Ok(CallContext::current().unwrap().fence().await?)
                     })
                     .await
                 })
@@ -296,9 +296,9 @@ async fn run_once(
         let (pool, sql) = (store.pool().clone(), insert_effect(schema));
         idem.run(call, || async move {
             let ctx = CallContext::current().unwrap();
-            sqlx::query(&sql).bind(ctx.key()).bind(ctx.fence() as i64).execute(&pool).await.map_err(db_error)?;
+            sqlx::query(&sql).bind(ctx.key()).bind(ctx.fence().await? as i64).execute(&pool).await.map_err(db_error)?;
             tokio::time::sleep(pause).await;
-            Ok(ctx.fence())
+            Ok(ctx.fence().await?)
         })
         .await
     }
@@ -684,7 +684,7 @@ struct Shop {
 /// and the block borrows the function's other arguments (`&Shop`, `&str`).
 #[idempotency::idempotent(key = "order:{order_ref}", scope = "shop", store = shop.idem, tx = shop.pg)]
 async fn place_order(shop: &Shop, order_ref: &str, fail: bool, tx: &mut PgTransaction) -> R<i64> {
-    let fence = CallContext::current().expect("in a call").fence() as i64;
+    let fence = CallContext::current().expect("in a call").fence().await? as i64;
     sqlx::query(&insert_effect(&shop.schema)).bind(order_ref).bind(fence).execute(&mut **tx).await.map_err(db_error)?;
     if fail {
         return Err(AppError::Failed("declined after its insert"));

@@ -315,9 +315,10 @@ async fn black_holed_holder(abort: bool) -> (Duration, Duration, R<()>, usize, V
                         }
                     });
                     let _stop = AbortOnDrop(watcher);
+                    let fence = ctx.fence().await?;
                     for i in 0..100 {
                         // The bank refuses a stale write; A's body ignores the refusal here.
-                        let _ = bank.write("acct", ctx.fence(), "A");
+                        let _ = bank.write("acct", fence, "A");
                         if i == 3 {
                             // A's lease was renewed at least once through the proxy; now
                             // nothing it sends arrives, nothing comes back.
@@ -346,7 +347,7 @@ async fn black_holed_holder(abort: bool) -> (Duration, Duration, R<()>, usize, V
         let got = b
             .run(Call::new(key).ttl(ms(2000)), || async move {
                 *started.lock().unwrap() = Some(Instant::now());
-                bank.write("acct", CallContext::current().unwrap().fence(), "B").expect("B's write refused");
+                bank.write("acct", CallContext::current().unwrap().fence().await?, "B").expect("B's write refused");
                 R::Ok(())
             })
             .await;

@@ -33,7 +33,7 @@ fn crash_child() {
         let idem = Idempotency::new(RedisStore::connect(&url).await.unwrap());
         let _ = idem
             .run(Call::new(CRASH_KEY).ttl(CRASH_LEASE), || async {
-                println!("ACQUIRED {}", CallContext::current().unwrap().fence());
+                println!("ACQUIRED {}", CallContext::current().unwrap().fence().await.unwrap());
                 tokio::time::sleep(Duration::from_secs(3600)).await;
                 R::Ok(())
             })
@@ -68,7 +68,7 @@ async fn crashed_holder_frees_the_key_after_its_lease_not_before() {
         let (runs, fence) = (runs.clone(), fence.clone());
         idem.run(Call::new(CRASH_KEY).ttl(CRASH_LEASE), || async move {
             runs.fetch_add(1, SeqCst);
-            fence.store(CallContext::current().unwrap().fence(), SeqCst);
+            fence.store(CallContext::current().unwrap().fence().await?, SeqCst);
             R::Ok(())
         })
     };
@@ -274,19 +274,25 @@ async fn record_is_readable_with_redis_cli() {
     let store = store(&server, Duration::from_secs(2)).await;
     let idem = Idempotency::new(store.clone());
     let call = Call::new("42").scope("orders").keep(Duration::from_secs(3600));
-    let out = idem.run(call, || async { R::Ok(vec![String::from("widget")]) }).await;
+    let out = idem
+        .run(call, || async {
+            CallContext::current().unwrap().fence().await?;
+            R::Ok(vec![String::from("widget")])
+        })
+        .await;
     assert_eq!(out.unwrap(), vec!["widget"]);
     let key = store.record_key("orders:42");
     assert!(key.starts_with("idem:{") && key.ends_with("}:orders:42"), "{key}");
-    // s|n|o|f|t|w|r: completed, a fence, no owner kept, no fingerprint, when it was stored
-    // (unix ms, by the committing client's clock), not watched, the JSON result; how long it
-    // lives is the key's own expiry.
+    // s|n|o|f|t|w|r: completed, the fence its body read, the owner that completed it, no
+    // fingerprint, when it was stored (unix ms, by the committing client's clock), not watched,
+    // the JSON result; how long it lives is the key's own expiry.
     let record = server.command(&["GET", &key]).unwrap();
     let fields: Vec<&str> = record.splitn(7, '|').collect();
     assert_eq!(fields.len(), 7, "{record}");
     assert_eq!(fields[0], "C", "{record}");
     let fence: u64 = fields[1].parse().unwrap();
-    assert_eq!(&fields[2..4], &["", ""], "{record}");
+    assert_eq!(fields[2].len(), 22, "not an owner id: {record}");
+    assert_eq!(fields[3], "", "{record}");
     let stored_ms: u64 = fields[4].parse().unwrap();
     assert_eq!(fields[5], "", "{record}");
     assert_eq!(fields[6], r#"["widget"]"#);

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idempotency::store::{AcquireOutcome, AcquireRequest, CommitRequest, Lease, Transition};
-use idempotency::{Call, CallContext, Error, Idempotency, OnConflict, OnDuplicate};
+use idempotency::{Call, CallContext, Error, Idempotency, OnConflict, OnDuplicate, Store};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use support::{counter, eventually, ms, AppError, Backend, Fixture, R};
@@ -44,6 +44,7 @@ all_stores!(
     oversized_result_is_completed_but_not_replayable,
     values_that_cannot_replay_as_themselves_fail_at_the_first_call,
     transitions_are_safe_to_repeat,
+    unread_fences_belong_to_their_holder,
     replay_cache_answers_locally_and_respects_keep,
 );
 
@@ -324,7 +325,7 @@ async fn fence_of(idem: &Idempotency, call: Call, fail: bool) -> u64 {
     let f = fence.clone();
     let _ = idem
         .run(call, || async move {
-            f.store(CallContext::current().unwrap().fence() as usize, SeqCst);
+            f.store(CallContext::current().unwrap().fence().await? as usize, SeqCst);
             if fail {
                 Err(AppError::Failed("x"))
             } else {
@@ -356,6 +357,7 @@ async fn fencing_tokens_strictly_increase(backend: Backend) {
         fingerprint: None,
         will_wait: false,
         report_ttl: true,
+        fence_now: false,
     };
     let AcquireOutcome::Acquired { fence } = crashed.acquire(req).await.unwrap() else { panic!("not acquired") };
     fences.push(fence);
@@ -738,6 +740,57 @@ async fn values_that_cannot_replay_as_themselves_fail_at_the_first_call(backend:
     refused(&idem, "tuple-keys", tuple_keys, "HashMap<(u8, u8), u8>", "key must be a string").await;
 }
 
+/// `me`'s commit of `key` (held by `me` with `fence`) is `Done`, and `Done` again when repeated
+/// (a re-sent command); `other`'s (with `other_fence`) is then `Lost`.
+async fn commits_are_their_owners(store: &dyn Store, key: &str, fence: u64, other_fence: u64) {
+    let commit =
+        CommitRequest { key, owner: "me", fence, keep: Duration::from_secs(60), result: Some(b"1"), fingerprint: None };
+    assert_eq!(store.commit(commit).await.unwrap(), Transition::Done);
+    assert_eq!(store.commit(commit).await.unwrap(), Transition::Done, "a repeated commit was not its own");
+    assert_eq!(
+        store.commit(CommitRequest { owner: "other", fence: other_fence, ..commit }).await.unwrap(),
+        Transition::Lost,
+        "another owner's commit took the completed record for its own"
+    );
+}
+
+/// A plain acquire may leave its fencing token unread (`fence: 0`, on Redis: no `TIME`): only
+/// its holder can read it then, while it holds the key; a commit with an unread fence is known
+/// as its owner's (repeated: `Done`) and nobody else's (`Lost`: before the completed record
+/// named its owner, any commit with fence 0 matched it). A caller that asks for the token at
+/// once (`fence_now`, a lock) always has it.
+async fn unread_fences_belong_to_their_holder(backend: Backend) {
+    let fx = Fixture::new(backend, 1).await;
+    let store = fx.store(0);
+    let req = |key: &'static str, owner: &'static str, fence_now: bool| AcquireRequest {
+        key,
+        owner,
+        lease: Duration::from_secs(10),
+        fingerprint: None,
+        will_wait: false,
+        report_ttl: false,
+        fence_now,
+    };
+    let AcquireOutcome::Acquired { fence: now } = store.acquire(req("eager", "me", true)).await.unwrap() else {
+        panic!("not acquired")
+    };
+    assert!(now > 0, "a fence asked for at the acquisition was left unread");
+    let AcquireOutcome::Acquired { fence } = store.acquire(req("lazy", "me", false)).await.unwrap() else {
+        panic!("not acquired")
+    };
+    if fence == 0 {
+        assert_eq!(store.fence("lazy", "other").await.unwrap(), None, "another owner read the holder's fence");
+        let read = store.fence("lazy", "me").await.unwrap().expect("the holder reads its fence");
+        assert!(read > now, "a fence read later is not larger: {now} then {read}");
+    }
+    // What the runtime passes: the acquisition's fence, 0 when it stayed unread (and another
+    // owner's unread fence is 0 too).
+    commits_are_their_owners(&*store, "lazy", fence, if fence == 0 { 0 } else { fence + 1 }).await;
+    if fence == 0 {
+        assert_eq!(store.fence("lazy", "me").await.unwrap(), None, "a fence read after the commit");
+    }
+}
+
 /// A client re-sends commands whose replies it lost: each transition repeated by the same owner
 /// gives the same answer, and never turns the owner's own lease into a conflict.
 async fn transitions_are_safe_to_repeat(backend: Backend) {
@@ -750,6 +803,7 @@ async fn transitions_are_safe_to_repeat(backend: Backend) {
         fingerprint: None,
         will_wait: false,
         report_ttl: true,
+        fence_now: false,
     };
     let AcquireOutcome::Acquired { fence } = store.acquire(req("repeat", "me")).await.unwrap() else {
         panic!("not acquired")
@@ -764,20 +818,7 @@ async fn transitions_are_safe_to_repeat(backend: Backend) {
     let lease = [Lease { key: "repeat", owner: "me", lease: Duration::from_secs(10) }];
     assert_eq!(store.renew(&lease).await.unwrap(), vec![true]);
     assert_eq!(store.renew(&lease).await.unwrap(), vec![true]);
-    let commit = CommitRequest {
-        key: "repeat",
-        owner: "me",
-        fence,
-        keep: Duration::from_secs(60),
-        result: Some(b"1"),
-        fingerprint: None,
-    };
-    assert_eq!(store.commit(commit).await.unwrap(), Transition::Done);
-    assert_eq!(store.commit(commit).await.unwrap(), Transition::Done);
-    assert_eq!(
-        store.commit(CommitRequest { owner: "other", fence: fence + 1, ..commit }).await.unwrap(),
-        Transition::Lost
-    );
+    commits_are_their_owners(&*store, "repeat", fence, fence + 1).await;
     assert_eq!(store.release("repeat", "other").await.unwrap(), Transition::Lost);
     // Renewing a completed key is refused: it is not in progress any more.
     assert_eq!(store.renew(&lease).await.unwrap(), vec![false]);

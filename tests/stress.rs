@@ -123,9 +123,9 @@ impl Checker {
             self.overlaps_checked.fetch_add(1, SeqCst);
             if !ctx.is_lease_lost() {
                 self.violation(format!(
-                    "{key}: body {id} (fence {}) started while body {other} (fence {}) still held a valid lease",
-                    context.fence(),
-                    ctx.fence()
+                    "{key}: body {id} (owner {}) started while body {other} (owner {}) still held a valid lease",
+                    context.owner(),
+                    ctx.owner()
                 ));
             }
         }
@@ -154,6 +154,7 @@ impl Checker {
                 fingerprint: None,
                 will_wait: false,
                 report_ttl: false,
+                fence_now: false,
             };
             let replays = self.replays.lock().unwrap().get(&key).cloned().unwrap_or_default();
             let produced = self.produced.lock().unwrap().get(&key).cloned().unwrap_or_default();
@@ -253,7 +254,9 @@ async fn one_call(rng: &mut Rng, idem: &Idempotency, key: String, checker: &Arc<
         let body = move || async move {
             ran_in.store(true, SeqCst);
             let context = CallContext::current().expect("inside the call");
-            let fence = context.fence();
+            // Read from the store on Redis (the acquisition leaves it unread): the read is part of
+            // what the stress puts under faults.
+            let fence = context.fence().await.map_err(AppError::Idem)?;
             let _active = checker_in.enter(&key_in, context);
             tokio::time::sleep(length).await;
             match ending {
@@ -477,6 +480,7 @@ async fn checker_catches_overlaps_and_held_keys() {
         fingerprint: None,
         will_wait: false,
         report_ttl: false,
+        fence_now: false,
     };
     assert!(matches!(memory.acquire(crashed).await.unwrap(), AcquireOutcome::Acquired { .. }));
     checker.keys.lock().unwrap().insert("held".into());

@@ -262,8 +262,13 @@ async fn every_outcome_has_its_span_and_counter(backend: Backend) {
     let call = |name: &str| Call::new(key(name)).scope(scope.clone());
     let mut expected: Vec<CallOutcome> = Vec::new();
 
-    // executed, then replayed.
-    let r: R<u32> = idem.run(call("a"), || async { Ok(1) }).await;
+    // executed (its body reads its fence: the span shows it), then replayed.
+    let r: R<u32> = idem
+        .run(call("a"), || async {
+            CallContext::current().unwrap().fence().await?;
+            Ok(1)
+        })
+        .await;
     assert_eq!(r.unwrap(), 1);
     let r: R<u32> = idem.run(call("a"), || async { Ok(2) }).await;
     assert_eq!(r.unwrap(), 1);
@@ -461,9 +466,19 @@ async fn waits_are_told(backend: Backend) {
     let scope = format!("waits_{backend:?}").to_lowercase();
     let call = |key: &str| Call::new(key).scope(scope.clone()).on_conflict(OnConflict::Wait(Duration::from_secs(10)));
 
-    let (value, first) = idem.run_with_outcome(call("a"), || async { R::Ok(1u32) }).await.unwrap();
+    // A body that reads its fence: the outcome has it. One that does not: it has one only where
+    // the store stamps every acquisition (memory).
+    let (value, first) = idem
+        .run_with_outcome(call("a"), || async {
+            CallContext::current().unwrap().fence().await?;
+            R::Ok(1u32)
+        })
+        .await
+        .unwrap();
     assert_eq!((value, first.kind, first.replayed, first.attempts), (1, CallOutcome::Executed, false, 1));
     assert!(first.fence.is_some() && first.waited.is_zero());
+    let (_, unread) = idem.run_with_outcome(call("a-unread"), || async { R::Ok(1u32) }).await.unwrap();
+    assert_eq!(unread.fence.is_some(), backend == Backend::Memory, "{unread:?}");
     let (value, again) = idem.run_with_outcome(call("a"), || async { R::Ok(2u32) }).await.unwrap();
     assert_eq!((value, again.kind, again.replayed, again.fence), (1, CallOutcome::Replayed, true, None));
 
@@ -488,6 +503,7 @@ async fn waits_are_told(backend: Backend) {
         async move {
             idem.run_with_outcome(call, || async move {
                 runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                CallContext::current().unwrap().fence().await?;
                 R::Ok(CallContext::current().unwrap().attempt())
             })
             .await

@@ -28,13 +28,13 @@ impl TopLevel {
         TopLevel { host: server.host.to_string(), port: server.port }
     }
 
-    /// Top-level commands about idempotency records (`keys` is their Redis key prefix) sent
-    /// while `f` ran, and how many of them were script calls. Other commands (the counting's
-    /// own, `TIME`, which names no key) are left out.
+    /// Top-level commands about idempotency records (`keys` is their Redis key prefix), and
+    /// `TIME` (a fencing token read next to an acquire), sent while `f` ran, and how many of
+    /// them were script calls. Other commands (the counting's own) are left out.
     pub async fn count<Fut: Future<Output = ()>>(&self, keys: &str, f: Fut) -> (u64, u64) {
         let monitor = support::Monitor::start_at(&self.host, self.port);
         f.await;
-        let commands = tokio::task::block_in_place(|| monitor.client_commands(keys));
+        let commands = tokio::task::block_in_place(|| monitor.client_commands_about(keys, &["TIME"]));
         let scripts = commands
             .iter()
             .filter(|l| l.split_once("] \"").is_some_and(|(_, c)| c.to_ascii_uppercase().starts_with("EVAL")))
@@ -43,11 +43,12 @@ impl TopLevel {
     }
 }
 
-/// Sequential, exact: the round trips each path costs, counted by Redis (top-level commands),
-/// and, as `"<path>: scripts"`, how many of them are script calls (the rest are plain commands:
-/// a parameter-mode acquire is a `SET NX GET`, so a replay or a conflict runs no script; a
-/// commit is a `SET IFEQ` where the server has it). `scripts_first`: the script calls a first
-/// execution should make on this server.
+/// Sequential, exact: the commands each path costs, counted by Redis (top-level commands, `TIME`
+/// included), and, as `"<path>: scripts"`, how many of them are script calls (the rest are plain
+/// commands: a parameter-mode acquire is a `SET NX GET` that leaves the fencing token unread, so
+/// a replay or a conflict is one command and runs no script; a commit is a `SET IFEQ` where the
+/// server has it). A body that reads its fence pays one command more (`fence.lua`), in a row of
+/// its own. `scripts_first`: the script calls a first execution should make on this server.
 pub async fn check_round_trips(
     idem: &Idempotency,
     client: &Client,
@@ -71,6 +72,20 @@ pub async fn check_round_trips(
     let (n, scripts) = top.count(&records, complete_keys(idem, "rt-first:", N)).await;
     out.push(("replay", per(n), 1.0));
     out.push(("replay: scripts", per(scripts), 0.0));
+
+    let (n, scripts) = top
+        .count(&records, async {
+            for i in 0..N {
+                let _: R<u64> = idem
+                    .run(Call::new(format!("rt-fenced:{i}")), || async {
+                        idempotency::CallContext::current().expect("in a call").fence().await
+                    })
+                    .await;
+            }
+        })
+        .await;
+    out.push(("first execution, the body reads its fence", per(n), 3.0));
+    out.push(("first execution, the body reads its fence: scripts", per(scripts), scripts_first + 1.0));
 
     let release = Arc::new(AtomicBool::new(false));
     let holders = hold_keys(idem, "rt-held:", 1, release.clone());

@@ -69,7 +69,7 @@ pub async fn pg_tx_first(pg: &PgStore, idem: &Idempotency, key: String, i: u64) 
                 let ctx = CallContext::current().expect("in a call");
                 sqlx::query(EFFECT_INSERT)
                     .bind(ctx.key())
-                    .bind(ctx.fence() as i64)
+                    .bind(ctx.fence().await? as i64)
                     .execute(&mut **tx)
                     .await
                     .map_err(|e| Error::InvalidCall { key: String::new(), reason: e.to_string() })?;

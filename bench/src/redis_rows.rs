@@ -285,6 +285,7 @@ pub async fn server_cases(bench: &mut Bench, t: &Target, telemetry: &Telemetry, 
                     fingerprint: None,
                     will_wait: false,
                     report_ttl: false,
+                    fence_now: false,
                 };
                 let Ok(AcquireOutcome::Acquired { fence }) = st.acquire(acquire).await else { return false };
                 let result = serde_json::to_vec(&receipt(i)).unwrap();

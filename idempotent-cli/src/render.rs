@@ -153,10 +153,14 @@ pub fn record_text(view: &RecordView, place: (&str, &str), now: SystemTime) -> S
         ("state", state(view.state).to_owned()),
         (
             "fence",
-            view.fence.map_or_else(
-                || "- (not in the record while in progress: the holder's fence was drawn at its acquire)".into(),
-                |f| f.to_string(),
-            ),
+            match (view.fence, view.state) {
+                (Some(f), _) => f.to_string(),
+                (None, RecordState::InProgress) => {
+                    "- (not in the record while in progress: the holder reads its fence from the server when it needs one)"
+                        .into()
+                }
+                (None, RecordState::Completed) => "- (the body never read its fence)".into(),
+            },
         ),
         ("owner", view.owner.clone().unwrap_or_else(dash)),
         ("started", ago(view.started_ms)),

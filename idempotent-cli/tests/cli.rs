@@ -189,6 +189,8 @@ async fn hold(idem: &Idempotency, scope: &str, key: &str) -> tokio::task::JoinHa
 async fn ops_records(idem: &Idempotency, result: &Value) -> tokio::task::JoinHandle<R<u32>> {
     let a: R<Value> = idem
         .run(Call::new("a").scope("ops").keep(Duration::from_secs(600)).fingerprint(&1), || async {
+            // Read, so that the completed record carries it (a body that never reads it leaves 0).
+            idempotency::CallContext::current().unwrap().fence().await?;
             Ok(result.clone())
         })
         .await;

@@ -1,9 +1,12 @@
-//! The current call's context, readable from inside the body: its key, its fencing token, and
-//! whether its lease is known lost.
+//! The current call's context, readable from inside the body: its key, its fencing token (read
+//! from the store on first use where the acquisition left it unread), and whether its lease is
+//! known lost.
 
 use std::sync::{Arc, OnceLock};
 
+use crate::error::Error;
 use crate::ids::OwnerId;
+use crate::store::Store;
 
 tokio::task_local! {
     static CURRENT: CallContext;
@@ -19,24 +22,26 @@ tokio::task_local! {
 /// let fence: Result<u64, Error> = idem
 ///     .run(Call::new("transfer:9"), || async {
 ///         let ctx = CallContext::current().expect("inside a guarded call");
-///         // Pass ctx.fence() to the database; it rejects writes with a smaller one.
-///         Ok(ctx.fence())
+///         // Pass the fence to the database; it rejects writes with a smaller one.
+///         ctx.fence().await
 ///     })
 ///     .await;
 /// assert!(fence.unwrap() > 0);
 /// # }
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct CallContext {
     inner: Arc<Inner>,
 }
 
-#[derive(Debug)]
 struct Inner {
     key: String,
     /// The attempt holding the key.
     owner: OwnerId,
-    fence: u64,
+    /// The fencing token, once known: from the acquisition, or read on first use.
+    fence: tokio::sync::OnceCell<u64>,
+    /// Where an unread fence is read from.
+    store: Arc<dyn Store>,
     /// How many acquires this call sent before it held the key.
     attempt: u32,
     /// What showed the lease lost, once it is.
@@ -46,12 +51,15 @@ struct Inner {
 }
 
 impl CallContext {
-    pub(crate) fn new(key: String, owner: OwnerId, fence: u64, attempt: u32) -> Self {
+    /// The context of `owner`'s hold on `key`; `fence` is `0` when the acquisition left it
+    /// unread (it is read from `store` on first use).
+    pub(crate) fn new(key: String, owner: OwnerId, fence: u64, attempt: u32, store: Arc<dyn Store>) -> Self {
         CallContext {
             inner: Arc::new(Inner {
                 key,
                 owner,
-                fence,
+                fence: tokio::sync::OnceCell::new_with((fence != 0).then_some(fence)),
+                store,
                 attempt,
                 lost: OnceLock::new(),
                 on_lost: tokio::sync::Notify::new(),
@@ -79,8 +87,42 @@ impl CallContext {
     /// The fencing token of this acquisition: larger than that of every earlier holder of the
     /// key. A store downstream that remembers the largest token it has seen can refuse a stale
     /// holder's writes.
-    pub fn fence(&self) -> u64 {
-        self.inner.fence
+    ///
+    /// A body that never asks for it pays nothing for it: on Redis the token is read on first
+    /// use (one round trip, an owner-checked script reading the server's clock), and the same
+    /// value is returned from then on. It is still larger than every earlier holder's: this
+    /// owner reads it while it holds the key, so after every earlier holder's record was gone.
+    /// The memory and PostgreSQL stores, and lock guards, have it from the acquisition.
+    ///
+    /// Fails with `LeaseLost` when the read finds the key no longer held by this call (the
+    /// lease ran out: the context is then marked lost), and with `Store` when the store
+    /// cannot be reached.
+    pub async fn fence(&self) -> Result<u64, Error> {
+        let inner = &*self.inner;
+        let read = inner.fence.get_or_try_init(|| async {
+            let lost = |reason: &str| Error::LeaseLost {
+                key: inner.key.clone(),
+                reason: format!("the fencing token was asked for after the lease was lost ({reason})"),
+            };
+            if let Some(reason) = inner.lost.get() {
+                return Err(lost(reason));
+            }
+            match inner.store.fence(&inner.key, inner.owner.as_str()).await {
+                Ok(Some(fence)) => Ok(fence),
+                Ok(None) => {
+                    let reason = "the store no longer held the key for this call when its fence was read";
+                    self.mark_lost(reason);
+                    Err(lost(reason))
+                }
+                Err(source) => Err(Error::Store { key: inner.key.clone(), source }),
+            }
+        });
+        read.await.copied()
+    }
+
+    /// The fencing token if it is known (from the acquisition, or read by the body).
+    pub(crate) fn fence_read(&self) -> Option<u64> {
+        self.inner.fence.get().copied()
     }
 
     /// Which acquire of this call got the key: 1, or more when the call waited for another
@@ -132,5 +174,18 @@ impl CallContext {
     /// Runs `fut` with this context as the current one.
     pub(crate) async fn scope<F: std::future::Future>(self, fut: F) -> F::Output {
         CURRENT.scope(self, fut).await
+    }
+}
+
+impl std::fmt::Debug for CallContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let inner = &*self.inner;
+        f.debug_struct("CallContext")
+            .field("key", &inner.key)
+            .field("owner", &inner.owner)
+            .field("fence", &inner.fence.get())
+            .field("attempt", &inner.attempt)
+            .field("lost", &inner.lost.get())
+            .finish_non_exhaustive()
     }
 }

@@ -10,7 +10,7 @@ use crate::call::OnConflict;
 use crate::context::CallContext;
 use crate::error::Error;
 use crate::ids;
-use crate::runtime::{Idempotency, NoTurn, Taken, Track, Turn};
+use crate::runtime::{Idempotency, NoTurn, Taken, Taking, Track, Turn};
 use crate::telemetry::{self, logged_key, LockOutcome};
 use crate::watchdog::Registration;
 
@@ -139,7 +139,9 @@ impl<'a> LockRequest<'a> {
         };
         let owner = ids::owner_id();
         let before = *queued;
-        let taken = self.idem.take(&key, owner, lease, None, on_conflict, track).await.map_err(|e| match e {
+        // A guard hands its fence out at once: taken with the acquisition (one round trip).
+        let how = Taking { on_conflict, fence_now: true };
+        let taken = self.idem.take(&key, owner, lease, None, how, track).await.map_err(|e| match e {
             // A lock is not a guarded call: no result comes of its holder.
             Error::Conflict { key, .. } => Error::Locked { key, waited: None },
             Error::Timeout { key, waited } => Error::Locked { key, waited: Some(before + waited) },
@@ -148,7 +150,12 @@ impl<'a> LockRequest<'a> {
         match taken {
             Taken::Held { fence, sent } => {
                 tracing::debug!(key = %logged_key(&key), fence, "idempotency lock taken");
-                let context = CallContext::new(key, owner, fence, track.attempts());
+                let context = CallContext::new(key, owner, fence, track.attempts(), self.idem.store().clone());
+                // A store that left it unread anyway (`fence_now` is a wish): read it now.
+                if let Err(e) = context.fence().await {
+                    self.idem.store().clone().abandon(context.key(), context.owner(), lease);
+                    return Err(e);
+                }
                 let registration = self.idem.watch_lease(lease, sent, context.clone());
                 Ok(LockGuard { idem: self.idem.clone(), context, lease, registration: Some(registration), turn })
             }
@@ -195,7 +202,9 @@ impl LockGuard {
 
     /// The fencing token of this acquisition: larger than that of every earlier holder.
     pub fn fence(&self) -> u64 {
-        self.context.fence()
+        // Known since the guard was made: taken with the acquisition, or read before `take`
+        // returned the guard.
+        self.context.fence_read().unwrap_or(0)
     }
 
     /// Whether the lock is known lost (its lease ran out without a confirmed renewal, or the

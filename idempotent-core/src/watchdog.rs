@@ -416,7 +416,13 @@ mod tests {
             inflight: false,
             retry_at: now,
             lost: false,
-            context: CallContext::new("k".into(), crate::ids::owner_id(), 1, 1),
+            context: CallContext::new(
+                "k".into(),
+                crate::ids::owner_id(),
+                1,
+                1,
+                Arc::new(crate::store::memory::MemoryStore::new()),
+            ),
         }
     }
 

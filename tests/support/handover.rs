@@ -16,6 +16,9 @@ impl Store for CountingAcquires {
         self.1.fetch_add(1, SeqCst);
         self.0.acquire(r)
     }
+    fn fence<'a>(&'a self, key: &'a str, owner: &'a str) -> StoreFuture<'a, Result<Option<u64>, StoreError>> {
+        self.0.fence(key, owner)
+    }
     fn renew<'a>(&'a self, leases: &'a [Lease<'a>]) -> StoreFuture<'a, Result<Vec<bool>, StoreError>> {
         self.0.renew(leases)
     }

@@ -497,6 +497,22 @@ impl Monitor {
             .collect()
     }
 
+    /// The commands clients have sent so far that name a key starting with `prefix`, or that are
+    /// one of `keyless` (commands naming no key, `TIME` say), never those a script ran.
+    pub fn client_commands_about(&self, prefix: &str, keyless: &[&str]) -> Vec<String> {
+        let quoted = format!("\"{prefix}");
+        self.settled()
+            .into_iter()
+            .filter(|l| {
+                l.split_once("] ").is_some_and(|(source, command)| {
+                    !source.ends_with(" lua")
+                        && (command.contains(&quoted)
+                            || keyless.iter().any(|k| command.trim_matches('"').eq_ignore_ascii_case(k)))
+                })
+            })
+            .collect()
+    }
+
     /// How many commands naming exactly `key` clients have sent so far.
     pub fn client_commands_on(&self, key: &str) -> usize {
         let quoted = format!("\"{key}\"");

@@ -38,7 +38,7 @@ impl Idempotency {
         let request = CommitRequest {
             key,
             owner: held.context.owner(),
-            fence: held.context.fence(),
+            fence: held.context.fence_read().unwrap_or(0),
             keep,
             result: result.as_deref(),
             fingerprint: held.fingerprint.as_deref(),
@@ -54,7 +54,7 @@ impl Idempotency {
         let pending = PendingCommit {
             key: key.to_owned(),
             owner: held.context.owner().to_owned(),
-            fence: held.context.fence(),
+            fence: held.context.fence_read().unwrap_or(0),
             keep,
             result,
             fingerprint: held.fingerprint.clone(),
@@ -105,7 +105,7 @@ impl Idempotency {
         Completed {
             key: key.to_owned(),
             owner: held.context.owner().to_owned(),
-            fence: held.context.fence(),
+            fence: held.context.fence_read().unwrap_or(0),
             keep: self.keep_for(call, held),
             result: replayable(key, encoded),
             fingerprint: held.fingerprint.clone(),

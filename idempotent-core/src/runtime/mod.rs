@@ -44,7 +44,7 @@ pub use pipeline::Outcome;
 pub(crate) use state::Track;
 use tokens::TokenClock;
 pub(crate) use turns::{NoTurn, Turn};
-pub(crate) use waiting::Taken;
+pub(crate) use waiting::{Taken, Taking};
 
 /// The default lease.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);

@@ -22,7 +22,7 @@ use crate::telemetry::{self, CallOutcome};
 
 use super::commit::{CommitWith, NoCommit};
 use super::state::{check_fingerprint, Held, Track};
-use super::waiting::Taken;
+use super::waiting::{Taken, Taking};
 use super::Idempotency;
 use crate::store::Completed;
 
@@ -281,12 +281,12 @@ impl Idempotency {
     {
         let Go { key, fingerprint, lease, token_expires } = go;
         let owner = ids::owner_id();
-        match self.take(&key, owner, lease, fingerprint.as_deref(), call.on_conflict, track).await? {
+        let how = Taking { on_conflict: call.on_conflict, fence_now: false };
+        match self.take(&key, owner, lease, fingerprint.as_deref(), how, track).await? {
             Taken::Held { fence, sent } => {
-                track.fence = Some(fence);
                 track.outcome =
                     if track.waited.is_zero() { CallOutcome::Executed } else { CallOutcome::WaitedThenExecuted };
-                let context = CallContext::new(key, owner, fence, track.attempts);
+                let context = CallContext::new(key, owner, fence, track.attempts, self.inner.store.clone());
                 let held = Held { context, lease, sent, fingerprint, token_expires };
                 self.execute(call, held, body, commit, track).await
             }
@@ -351,6 +351,8 @@ impl Idempotency {
         // The lease as last renewed bounds the commit's retries.
         let lease_end = registration.finish().unwrap_or(held.sent + held.lease);
         telemetry::record::body(body_started.elapsed());
+        // Known from the acquisition, or read by the body (`CallContext::fence`).
+        track.fence = context.fence_read();
         match driven {
             Driven::Lost(reason) => {
                 // Released in the background: the store may be what failed, and the caller
@@ -459,7 +461,9 @@ pub struct Outcome {
     pub kind: CallOutcome,
     /// The value is a stored one: the body did not run.
     pub replayed: bool,
-    /// The fencing token of this call's acquisition, when the body ran.
+    /// The fencing token of this call's acquisition, when the body ran and it is known: read by
+    /// the body, or stamped at the acquisition by a store that always does (memory,
+    /// PostgreSQL). On Redis a body that never read it leaves it `None`: it was never stamped.
     pub fence: Option<u64>,
     /// How long the call waited for another holder (`OnConflict::Wait`).
     pub waited: Duration,

@@ -18,15 +18,15 @@ use super::{Idempotency, Inner};
 
 impl Idempotency {
     /// Takes `key` for `owner`: acquires it, or finds it completed, or, held by another owner,
-    /// fails with `Conflict` or waits for it (`on_conflict`). A different fingerprint than the
-    /// one stored is `KeyReused`.
+    /// fails with `Conflict` or waits for it (`how.on_conflict`). A different fingerprint than
+    /// the one stored is `KeyReused`.
     pub(crate) async fn take(
         &self,
         key: &str,
         owner: ids::OwnerId,
         lease: Duration,
         fingerprint: Option<&str>,
-        on_conflict: OnConflict,
+        how: Taking,
         track: &mut Track,
     ) -> Result<Taken, Error> {
         let store = &*self.inner.store;
@@ -46,6 +46,7 @@ impl Idempotency {
                 will_wait: watcher.is_some(),
                 // The wait needs the holder's lease; the cache, how long a result is kept.
                 report_ttl: watcher.is_some() || self.inner.cache.is_some(),
+                fence_now: how.fence_now,
             };
             // Armed before the acquire is sent: if this call is dropped while the acquire is in
             // flight, or the acquire fails (it may still land later), the store releases the key
@@ -121,7 +122,7 @@ impl Idempotency {
                         key: key.to_owned(),
                         retry_after: (!lease_left.is_zero()).then_some(lease_left),
                     };
-                    let OnConflict::Wait(patience) = on_conflict else { return Err(conflict()) };
+                    let OnConflict::Wait(patience) = how.on_conflict else { return Err(conflict()) };
                     let now = Instant::now();
                     if now >= started + patience {
                         track.waited = now - started;
@@ -196,7 +197,8 @@ impl Drop for WaitSlot<'_> {
 
 /// What [`Idempotency::take`] found.
 pub(crate) enum Taken {
-    /// The key is held: the acquisition's fence, and when its acquire was sent.
+    /// The key is held: the acquisition's fence (`0`: left unread, see `Store::fence`), and when
+    /// its acquire was sent.
     Held { fence: u64, sent: Instant },
     /// The key completed: what it keeps, until when it may be cached, and the replay cache's
     /// purge generation when the read was sent.
@@ -229,4 +231,13 @@ impl Drop for Abandon<'_> {
             store.clone().abandon(self.key, self.owner, self.lease);
         }
     }
+}
+
+/// How a key is taken: what to do while another caller holds it, and whether the fencing token
+/// is needed with the acquisition (a lock guard hands it out at once) or may be left for the
+/// body to read on first use (`CallContext::fence`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Taking {
+    pub on_conflict: OnConflict,
+    pub fence_now: bool,
 }

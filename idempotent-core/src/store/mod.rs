@@ -98,6 +98,10 @@ pub struct AcquireRequest<'a> {
     /// Report `lease_left` and `kept_for`; a store may leave them zero otherwise (they may cost
     /// it a command more).
     pub report_ttl: bool,
+    /// The caller needs the fencing token with the acquisition (a lock guard hands it out at
+    /// once). Otherwise a store whose token costs a command of its own may leave it unread
+    /// (`Acquired { fence: 0 }`) for [`Store::fence`] to read if the body asks for it.
+    pub fence_now: bool,
 }
 
 /// What [`Store::acquire`] found.
@@ -111,6 +115,7 @@ pub struct AcquireRequest<'a> {
 /// let store = MemoryStore::new();
 /// let request = |owner| AcquireRequest {
 ///     key: "k", owner, lease: Duration::from_secs(5), fingerprint: None, will_wait: false, report_ttl: true,
+///     fence_now: false,
 /// };
 /// assert!(matches!(store.acquire(request("a")).await.unwrap(), AcquireOutcome::Acquired { .. }));
 /// assert!(matches!(store.acquire(request("b")).await.unwrap(), AcquireOutcome::InProgress { .. }));
@@ -122,7 +127,9 @@ pub enum AcquireOutcome {
     /// acquire). The fencing token is larger than any earlier holder's of this key, including
     /// holders whose records have expired or been released since.
     Acquired {
-        /// The fencing token of this acquisition.
+        /// The fencing token of this acquisition; `0` when the store left it to be read on first
+        /// use ([`Store::fence`]), which it may unless the request asked for it
+        /// (`fence_now`).
         fence: u64,
     },
     /// Another owner holds the key.
@@ -291,14 +298,28 @@ pub trait Store: Send + Sync + 'static {
     /// database sequence), never a client's.
     fn acquire<'a>(&'a self, request: AcquireRequest<'a>) -> StoreFuture<'a, Result<AcquireOutcome, StoreError>>;
 
+    /// The fencing token of `owner`'s hold on `key`, for a store that left it unread at the
+    /// acquisition (`Acquired { fence: 0 }`): `Some` while `owner` holds the key in progress,
+    /// larger than every earlier holder's (a holder that reads it later than its acquisition
+    /// still reads it while it holds the key, so before any later holder could acquire);
+    /// `None` when `owner` no longer holds it (its lease ran out). Asked at most once per
+    /// acquisition. The default says the store cannot: a store that always stamps the token at
+    /// the acquisition needs nothing more.
+    fn fence<'a>(&'a self, key: &'a str, owner: &'a str) -> StoreFuture<'a, Result<Option<u64>, StoreError>> {
+        let _ = (key, owner);
+        StoreFuture::ready(unsupported("read a fencing token after the acquisition"))
+    }
+
     /// Extends each lease whose owner still holds the key; returns, per lease, whether it did.
     fn renew<'a>(&'a self, leases: &'a [Lease<'a>]) -> StoreFuture<'a, Result<Vec<bool>, StoreError>>;
 
     /// IN_PROGRESS held by `owner` → COMPLETED with the result, kept for `keep` (deleted when
     /// zero). When the key is absent (the lease ran out and nobody took it) the result is
-    /// recorded anyway. COMPLETED with this acquisition's `fence` already (a repeated commit)
-    /// → `Done`. Held by another owner, or completed by another acquisition → `Lost`. Notifies
-    /// watchers.
+    /// recorded anyway. COMPLETED by this owner already (a repeated commit) → `Done`. Held by
+    /// another owner, or completed by another acquisition → `Lost`. Notifies watchers. `fence` is
+    /// `0` when the store left it unread and the body never read it: a store that gives every
+    /// acquisition a token of its own at once may tell a repeated commit by its fence; one that
+    /// leaves tokens unread must by the owner.
     fn commit<'a>(&'a self, request: CommitRequest<'a>) -> StoreFuture<'a, Result<Transition, StoreError>>;
 
     /// IN_PROGRESS held by `owner` → absent. Absent → `Done`. Held or completed by another

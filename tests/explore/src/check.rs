@@ -55,7 +55,8 @@ pub struct Report {
 struct Body {
     start: Micros,
     owner: String,
-    fence: u64,
+    /// Its fencing token, once known (a lock's at its start, a body's when it read it).
+    fence: Option<u64>,
     /// The body's effects (its start first) and whether it knew its lease lost at each.
     effects: Vec<(Micros, bool)>,
     told: Option<Micros>,
@@ -164,6 +165,11 @@ fn read(events: &[(Micros, Event)]) -> Reading {
                         effects: vec![(t, *lost)],
                         ..Body::default()
                     });
+                }
+            }
+            Event::FenceRead { call, fence } => {
+                if let (Some(b), Some(fence)) = (calls.get_mut(call).and_then(|c| c.body.as_mut()), fence) {
+                    b.fence = Some(*fence);
                 }
             }
             Event::Effect { call, lost } => {
@@ -428,18 +434,17 @@ pub fn check(events: &[(Micros, Event)]) -> Report {
         }
     }
 
-    // I4: fences of successive holders.
+    // I4: fences of successive holders (those that know theirs: a body that never read its
+    // fence has none).
     for x in &bodies {
         for y in &bodies {
             let (xb, yb) = (x.body.as_ref().expect("a body"), y.body.as_ref().expect("a body"));
-            if x.key == y.key && xb.start < y.invoke && xb.fence >= yb.fence {
+            let (Some(xf), Some(yf)) = (xb.fence, yb.fence) else { continue };
+            if x.key == y.key && xb.start < y.invoke && xf >= yf {
                 violation(
                     "I4",
                     &x.key,
-                    format!(
-                        "call #{} (fence {}) came after call #{} (fence {}) started",
-                        y.id, yb.fence, x.id, xb.fence
-                    ),
+                    format!("call #{} (fence {yf}) came after call #{} (fence {xf}) started", y.id, x.id),
                 );
             }
         }
@@ -559,7 +564,7 @@ mod tests {
         }
         fn body(self, start: Micros, end: Micros, call: CallId, fence: u64) -> Self {
             let owner = format!("o{call}");
-            self.at(start, Event::BodyStart { call, owner, fence, lost: false })
+            self.at(start, Event::BodyStart { call, owner, fence: Some(fence), lost: false })
                 .at(end, Event::BodyEnd { call, end: BodyEnd::Ok(format!("v{call}")) })
         }
         fn ret(self, t: Micros, call: CallId, returned: Returned) -> Self {

@@ -31,6 +31,7 @@ enum Req {
         fingerprint: Option<String>,
         will_wait: bool,
         report_ttl: bool,
+        fence_now: bool,
     },
     Renew(Vec<(String, String, Duration)>),
     Commit {
@@ -45,10 +46,15 @@ enum Req {
         key: String,
         owner: String,
     },
+    Fence {
+        key: String,
+        owner: String,
+    },
 }
 
 enum Rep {
     Acquire(Result<AcquireOutcome, StoreError>),
+    Fence(Result<Option<u64>, StoreError>),
     Renew(Result<Vec<bool>, StoreError>),
     Transition(Result<Transition, StoreError>),
 }
@@ -214,6 +220,8 @@ fn summary(rep: &Rep) -> OpResult {
         Rep::Acquire(Ok(AcquireOutcome::Acquired { fence })) => OpResult::Acquired { fence: *fence },
         Rep::Acquire(Ok(AcquireOutcome::InProgress { .. })) => OpResult::InProgress,
         Rep::Acquire(Ok(AcquireOutcome::Completed { .. })) => OpResult::Completed,
+        Rep::Fence(Ok(Some(fence))) => OpResult::Fence { fence: *fence },
+        Rep::Fence(Ok(None)) => OpResult::Lost,
         Rep::Transition(Ok(Transition::Done)) => OpResult::Done,
         Rep::Transition(Ok(Transition::Lost)) => OpResult::Lost,
         Rep::Renew(Ok(_)) => OpResult::Done,
@@ -231,7 +239,7 @@ async fn connection(backend: Backend, faults: Faults, mut jobs: mpsc::UnboundedR
         let split = faults.sum(now, |k| if let FaultKind::Split(d) = k { Some(d) } else { None });
         let store = backend.store();
         let rep = match job.req {
-            Req::Acquire { key, owner, lease, fingerprint, will_wait, report_ttl } => {
+            Req::Acquire { key, owner, lease, fingerprint, will_wait, report_ttl, fence_now } => {
                 let req = AcquireRequest {
                     key: &key,
                     owner: &owner,
@@ -239,6 +247,7 @@ async fn connection(backend: Backend, faults: Faults, mut jobs: mpsc::UnboundedR
                     fingerprint: fingerprint.as_deref(),
                     will_wait,
                     report_ttl,
+                    fence_now,
                 };
                 Rep::Acquire(backend.acquire(req, split).await)
             }
@@ -259,6 +268,7 @@ async fn connection(backend: Backend, faults: Faults, mut jobs: mpsc::UnboundedR
                 Rep::Transition(store.commit(req).await)
             }
             Req::Release { key, owner } => Rep::Transition(store.release(&key, &owner).await),
+            Req::Fence { key, owner } => Rep::Fence(store.fence(&key, &owner).await),
         };
         let Some(reply) = job.reply else { continue };
         let now = Instant::now();
@@ -294,10 +304,21 @@ impl Store for Faulty {
                 fingerprint: r.fingerprint.map(str::to_owned),
                 will_wait: r.will_wait,
                 report_ttl: r.report_ttl,
+                fence_now: r.fence_now,
             };
             match self.send(OpKind::Acquire, r.key, r.owner, req).await? {
                 Rep::Acquire(out) => out,
                 _ => unreachable!("an acquire answers an acquire"),
+            }
+        })
+    }
+
+    fn fence<'a>(&'a self, key: &'a str, owner: &'a str) -> StoreFuture<'a, Result<Option<u64>, StoreError>> {
+        StoreFuture::new(async move {
+            let req = Req::Fence { key: key.to_owned(), owner: owner.to_owned() };
+            match self.send(OpKind::Fence, key, owner, req).await? {
+                Rep::Fence(out) => out,
+                _ => unreachable!("a fence read answers a fence read"),
             }
         })
     }

@@ -49,12 +49,18 @@ pub enum OpKind {
     Commit,
     Release,
     Renew,
+    /// A fencing token read after the acquisition (`Store::fence`).
+    Fence,
 }
 
 /// What a store command answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum OpResult {
     Acquired {
+        fence: u64,
+    },
+    /// A fence read found the key held by the asking owner.
+    Fence {
         fence: u64,
     },
     InProgress,
@@ -85,9 +91,13 @@ pub enum Event {
         unholdable: bool,
         token: bool,
     },
-    /// Its body started, holding the key as `owner` with `fence`; `lost` is whether the context
-    /// said the lease was lost at that moment.
-    BodyStart { call: CallId, owner: String, fence: u64, lost: bool },
+    /// Its body started, holding the key as `owner` with `fence` when it was known then (a lock
+    /// guard's; a guarded call's body reads its own: `FenceRead`); `lost` is whether the
+    /// context said the lease was lost at that moment.
+    BodyStart { call: CallId, owner: String, fence: Option<u64>, lost: bool },
+    /// The body asked for its fencing token (`CallContext::fence`) and got it (`None`: the
+    /// read failed).
+    FenceRead { call: CallId, fence: Option<u64> },
     /// The body did something (woke from a step); `lost` as above.
     Effect { call: CallId, lost: bool },
     /// The body was told its lease is lost (`CallContext::lost` resolved), by watcher `which`.

@@ -19,8 +19,17 @@ use tokio::time::Instant;
 
 #[derive(Debug, Clone)]
 enum Val {
-    Pending { owner: String, fingerprint: Option<String>, watched: bool },
-    Completed { fence: u64, fingerprint: Option<String>, result: Option<Vec<u8>> },
+    Pending {
+        owner: String,
+        fingerprint: Option<String>,
+        watched: bool,
+    },
+    /// `owner`: the attempt that completed it (a repeated commit knows itself by it).
+    Completed {
+        owner: String,
+        fingerprint: Option<String>,
+        result: Option<Vec<u8>>,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -51,12 +60,6 @@ impl State {
         let now = 1_700_000_000_000_000 + self.start.elapsed().as_micros() as u64;
         self.clock_us = now.max(self.clock_us + 1);
         self.clock_us
-    }
-
-    /// `PTTL`, as a duration (zero when absent).
-    fn pttl(&mut self, key: &str) -> Duration {
-        let now = Instant::now();
-        self.live(key).map_or(Duration::ZERO, |r| r.expires.saturating_duration_since(now))
     }
 }
 
@@ -97,8 +100,9 @@ impl ModelStore {
         }
     }
 
-    /// A parameter-mode acquire as `RedisStore` sends it. Without waiting: `SET NX GET`, then
-    /// `TIME`, then (`report_ttl`) `PTTL`, each landing `split` after the one before (zero on a
+    /// A parameter-mode acquire as `RedisStore` sends it. Without waiting: `SET NX GET`, the
+    /// fencing token left unread (`fence.lua` reads it if the body asks), or, for a caller that
+    /// wants it now (`fence_now`, a lock), `TIME` landing `split` after the `SET` (zero on a
     /// healthy connection). A caller that waits or needs the record's lifetime takes the script:
     /// one step.
     pub async fn acquire_split(&self, req: AcquireRequest<'_>, split: Duration) -> AcquireOutcome {
@@ -120,24 +124,22 @@ impl ModelStore {
                 }
             }
         };
-        if !split.is_zero() {
-            tokio::time::sleep(split).await;
-        }
-        let fence = lock(&self.state).time_us();
-        let ttl = if req.report_ttl {
+        let fence = if req.fence_now {
             if !split.is_zero() {
                 tokio::time::sleep(split).await;
             }
-            lock(&self.state).pttl(req.key)
+            lock(&self.state).time_us()
         } else {
-            Duration::ZERO
+            0
         };
         match got {
             None => AcquireOutcome::Acquired { fence },
             Some(Val::Pending { owner, .. }) if owner == req.owner => AcquireOutcome::Acquired { fence },
-            Some(Val::Pending { fingerprint, .. }) => AcquireOutcome::InProgress { fingerprint, lease_left: ttl },
+            Some(Val::Pending { fingerprint, .. }) => {
+                AcquireOutcome::InProgress { fingerprint, lease_left: Duration::ZERO }
+            }
             Some(Val::Completed { fingerprint, result, .. }) => {
-                AcquireOutcome::Completed { fingerprint, result, kept_for: ttl }
+                AcquireOutcome::Completed { fingerprint, result, kept_for: Duration::ZERO }
             }
         }
     }
@@ -173,6 +175,15 @@ impl ModelStore {
         }
     }
 
+    /// `fence.lua`: the server's clock while `owner` holds the key.
+    fn fence_now(&self, key: &str, owner: &str) -> Option<u64> {
+        let mut st = lock(&self.state);
+        match st.live(key).map(|r| &r.val) {
+            Some(Val::Pending { owner: o, .. }) if o == owner => Some(st.time_us()),
+            _ => None,
+        }
+    }
+
     /// `renew.lua`.
     fn renew_now(&self, leases: &[Lease<'_>]) -> Vec<bool> {
         let mut st = lock(&self.state);
@@ -195,8 +206,8 @@ impl ModelStore {
             let mut st = lock(&self.state);
             let now = Instant::now();
             let watched = match st.live(req.key).map(|r| &r.val) {
-                Some(Val::Completed { fence, .. }) => {
-                    return if *fence == req.fence { Transition::Done } else { Transition::Lost };
+                Some(Val::Completed { owner, .. }) => {
+                    return if owner == req.owner { Transition::Done } else { Transition::Lost };
                 }
                 Some(Val::Pending { owner, .. }) if owner != req.owner => return Transition::Lost,
                 Some(Val::Pending { watched, .. }) => *watched,
@@ -206,7 +217,7 @@ impl ModelStore {
                 st.recs.remove(req.key);
             } else {
                 let val = Val::Completed {
-                    fence: req.fence,
+                    owner: req.owner.to_owned(),
                     fingerprint: req.fingerprint.map(str::to_owned),
                     result: req.result.map(<[u8]>::to_vec),
                 };
@@ -264,6 +275,10 @@ impl ModelStore {
 impl Store for ModelStore {
     fn acquire<'a>(&'a self, request: AcquireRequest<'a>) -> StoreFuture<'a, Result<AcquireOutcome, StoreError>> {
         StoreFuture::new(async move { Ok(self.acquire_split(request, Duration::ZERO).await) })
+    }
+
+    fn fence<'a>(&'a self, key: &'a str, owner: &'a str) -> StoreFuture<'a, Result<Option<u64>, StoreError>> {
+        StoreFuture::ready(Ok(self.fence_now(key, owner)))
     }
 
     fn renew<'a>(&'a self, leases: &'a [Lease<'a>]) -> StoreFuture<'a, Result<Vec<bool>, StoreError>> {

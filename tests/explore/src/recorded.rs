@@ -102,6 +102,18 @@ impl Store for Recorded {
         })
     }
 
+    fn fence<'a>(&'a self, key: &'a str, owner: &'a str) -> StoreFuture<'a, Result<Option<u64>, StoreError>> {
+        StoreFuture::new(async move {
+            self.sent(OpKind::Fence, key, owner, self.inner.fence(key, owner), |out| match out {
+                Ok(Some(fence)) => OpResult::Fence { fence: *fence },
+                Ok(None) => OpResult::Lost,
+                Err(e) if e.kind() == StoreErrorKind::Timeout => OpResult::NoReply,
+                Err(_) => OpResult::Error,
+            })
+            .await
+        })
+    }
+
     fn renew<'a>(&'a self, leases: &'a [Lease<'a>]) -> StoreFuture<'a, Result<Vec<bool>, StoreError>> {
         StoreFuture::new(async move {
             if self.is_dead() {

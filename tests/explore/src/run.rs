@@ -221,6 +221,7 @@ pub async fn probe_every_key(schedule: &Schedule, idems: &[Idempotency], history
                 reject_duplicates: false,
                 abort_on_lease_lost: false,
                 renew: true,
+                fence_ms: Some(0),
                 steps_ms: Vec::new(),
                 end: End::Ok,
                 cancel_ms: None,
@@ -310,13 +311,17 @@ async fn guarded(idem: &Idempotency, h: &History, id: CallId, spec: &CallSpec, t
     let body = || async {
         let ctx = CallContext::current().expect("a guarded body has its context");
         let mut ended = Ending { h, call: id, done: false };
-        h.record(Event::BodyStart {
-            call: id,
-            owner: ctx.owner().to_owned(),
-            fence: ctx.fence(),
-            lost: ctx.is_lease_lost(),
-        });
-        steps(h, id, &spec.steps_ms, || ctx.is_lease_lost(), [ctx.lost()]).await;
+        h.record(Event::BodyStart { call: id, owner: ctx.owner().to_owned(), fence: None, lost: ctx.is_lease_lost() });
+        // The fence, if the body asks for it, while its steps go on: read from the store on
+        // Redis (the acquisition left it unread), at any point of the lease.
+        let fence_read = async {
+            if let Some(after) = spec.fence_ms {
+                tokio::time::sleep(ms(after)).await;
+                let fence = ctx.fence().await.ok();
+                h.record(Event::FenceRead { call: id, fence });
+            }
+        };
+        tokio::join!(steps(h, id, &spec.steps_ms, || ctx.is_lease_lost(), [ctx.lost()]), fence_read);
         ended.done = true;
         let value = format!("v{id}");
         match spec.end {
@@ -354,7 +359,7 @@ async fn take_lock(idem: &Idempotency, h: &History, id: CallId, spec: &CallSpec)
         Err(e) => return Returned::Err(error_name(&e)),
     };
     let mut ended = Ending { h, call: id, done: false };
-    h.record(Event::BodyStart { call: id, owner: String::new(), fence: guard.fence(), lost: guard.is_lost() });
+    h.record(Event::BodyStart { call: id, owner: String::new(), fence: Some(guard.fence()), lost: guard.is_lost() });
     // Two tasks' worth of waiters on `lost()`: every one must resolve.
     steps(h, id, &spec.steps_ms, || guard.is_lost(), [guard.lost(), guard.lost()]).await;
     ended.done = true;

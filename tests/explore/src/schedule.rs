@@ -34,6 +34,9 @@ pub struct CallSpec {
     pub reject_duplicates: bool,
     pub abort_on_lease_lost: bool,
     pub renew: bool,
+    /// The body asks for its fencing token this long after it starts (never: `None`, and then
+    /// the acquisition leaves it unread on Redis).
+    pub fence_ms: Option<u64>,
     /// The body's steps: it sleeps each, and does something after each.
     pub steps_ms: Vec<u64>,
     pub end: End,
@@ -52,8 +55,8 @@ pub enum FaultKind {
     LoseReplies,
     /// Commands sent meanwhile fail at once and never land.
     Refuse,
-    /// A plain acquire landing meanwhile is split: its second and third commands land this much
-    /// after the first (a stall in the middle of a pipeline).
+    /// A plain acquire landing meanwhile is split: the `TIME` behind a lock's `SET NX GET` lands
+    /// this much after it (a stall in the middle of a pipeline).
     Split(u64),
     /// Purge broadcasts and change notifications reach the process this much later.
     PubsubDelay(u64),
@@ -149,14 +152,14 @@ fn call(procs: usize, keys: usize) -> impl Strategy<Value = CallSpec> {
             prop_oneof![17 => Just((false, false)), 3 => Just((true, false)), 3 => Just((false, true))],
         ),
         (ttl(), keep(), prop::option::weighted(0.3, at(1500)), prop::bool::weighted(0.15)),
-        (prop::bool::weighted(0.3), prop::bool::weighted(0.9)),
+        (prop::bool::weighted(0.3), prop::bool::weighted(0.9), prop::option::weighted(0.6, at(600))),
         (prop::collection::vec(at(1200), 0..3), end(), prop::option::weighted(0.15, at(1500))),
     )
         .prop_map(
             |(
                 (at_ms, proc, key, (lock, token)),
                 (ttl_ms, keep_ms, wait_ms, reject),
-                (abort, renew),
+                (abort, renew, fence_ms),
                 (steps_ms, end, cancel_ms),
             )| {
                 CallSpec {
@@ -171,6 +174,7 @@ fn call(procs: usize, keys: usize) -> impl Strategy<Value = CallSpec> {
                     reject_duplicates: reject,
                     abort_on_lease_lost: abort,
                     renew,
+                    fence_ms,
                     steps_ms,
                     end,
                     cancel_ms,

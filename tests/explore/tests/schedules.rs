@@ -2,6 +2,7 @@
 //! and held to every invariant, so that each stays found (they failed before their fixes).
 
 use idempotent_explore::check::check;
+use idempotent_explore::history::Event;
 use idempotent_explore::run::{play, Store};
 use idempotent_explore::schedule::{CallSpec, End, Fault, FaultKind, Loss, Purge, Schedule};
 
@@ -18,6 +19,7 @@ fn call(at_ms: u64, proc: usize) -> CallSpec {
         reject_duplicates: false,
         abort_on_lease_lost: false,
         renew: true,
+        fence_ms: Some(0),
         steps_ms: Vec::new(),
         end: End::Ok,
         cancel_ms: None,
@@ -141,4 +143,35 @@ fn a_split_acquire_never_caches_another_records_lifetime() {
         purges: Vec::new(),
         losses: Vec::new(),
     });
+}
+
+/// A body that reads its fencing token late, after the store lost its record and another caller
+/// took the key: the token is read on first use (Redis leaves it unread at the acquisition), so
+/// the read must be owner-checked, or the stale holder would get a token larger than the new
+/// holder's (I4). The read fails, and tells the stale holder its lease is lost.
+#[test]
+fn a_fence_read_after_the_key_changed_hands_fails() {
+    let schedule = Schedule {
+        caches: vec![false, false],
+        timeouts_ms: vec![1000, 1000],
+        calls: vec![
+            CallSpec { fence_ms: Some(300), steps_ms: vec![500], ..call(0, 0) },
+            CallSpec { fence_ms: Some(0), steps_ms: vec![400], ..call(150, 1) },
+        ],
+        faults: Vec::new(),
+        purges: Vec::new(),
+        losses: vec![Loss { at_ms: 100, key: 0 }],
+    };
+    holds(&schedule);
+    let history = play(&schedule, Store::Model);
+    let reads: Vec<_> = history
+        .events()
+        .into_iter()
+        .filter_map(|(_, e)| match e {
+            // The schedule's two calls (the probes after it are numbered from 2).
+            Event::FenceRead { call, fence } if call < 2 => Some((call, fence.is_some())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(reads, vec![(1, true), (0, false)], "the stale holder read a fence");
 }

@@ -47,7 +47,7 @@ impl PgStore {
     /// let order_id: i64 = store
     ///     .run_in_transaction(&idem, Call::new("order:42").scope("checkout"), |tx| {
     ///         Box::pin(async move {
-    ///             let fence = CallContext::current().expect("in a call").fence() as i64;
+    ///             let fence = CallContext::current().expect("in a call").fence().await? as i64;
     ///             let (id,): (i64,) = sqlx::query_as("INSERT INTO orders (ref, fence) VALUES ($1, $2) RETURNING id")
     ///                 .bind("42")
     ///                 .bind(fence)

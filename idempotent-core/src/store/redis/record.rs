@@ -15,16 +15,26 @@ pub(crate) fn pending(owner: &str, fingerprint: Option<&str>) -> String {
     ["P|0|", owner, "|", fingerprint.unwrap_or(""), "|||"].concat()
 }
 
-/// The COMPLETED record: `C|fence||fingerprint|stored_ms||result`. How long it lives is the
-/// key's own expiry (`keep`), which a reader asks the server for (`PTTL`); `stored_ms` is when
-/// it was stored by the committing client's clock, for operators. An empty result means not
-/// replayable (a JSON result is never empty).
-pub(crate) fn completed(fence: u64, fingerprint: Option<&str>, stored_ms: u64, result: Option<&[u8]>) -> Vec<u8> {
+/// The COMPLETED record: `C|fence|owner|fingerprint|stored_ms||result`. `fence` is `0` when the
+/// body never read its token; `owner` is the attempt that completed it (a repeated commit by it
+/// is `Done`, anyone else's `Lost`). How long it lives is the key's own expiry (`keep`), which
+/// a reader asks the server for (`PTTL`); `stored_ms` is when it was stored by the committing
+/// client's clock, for operators. An empty result means not replayable (a JSON result is never
+/// empty).
+pub(crate) fn completed(
+    fence: u64,
+    owner: &str,
+    fingerprint: Option<&str>,
+    stored_ms: u64,
+    result: Option<&[u8]>,
+) -> Vec<u8> {
     let (mut fence_digits, mut ms_digits) = (itoa::Buffer::new(), itoa::Buffer::new());
     [
         b"C|",
         fence_digits.format(fence).as_bytes(),
-        b"||",
+        b"|",
+        owner.as_bytes(),
+        b"|",
         fingerprint.unwrap_or("").as_bytes(),
         b"|",
         ms_digits.format(stored_ms).as_bytes(),
@@ -85,7 +95,9 @@ pub(crate) fn ttl(pttl: Option<i64>) -> Duration {
 pub(crate) fn view(key: &str, bytes: &[u8], pttl: Option<i64>) -> Result<RecordView, &'static str> {
     let rec = parse(bytes)?;
     let state = if rec.state == b'P' { RecordState::InProgress } else { RecordState::Completed };
-    let owner = text(rec.owner);
+    // A completed record's owner is there for a repeated commit to know itself; operators see
+    // the owner of an in-progress record, as on every store.
+    let owner = if state == RecordState::InProgress { text(rec.owner) } else { None };
     Ok(RecordView {
         key: key.to_owned(),
         state,
@@ -103,8 +115,8 @@ pub(crate) fn view(key: &str, bytes: &[u8], pttl: Option<i64>) -> Result<RecordV
 
 /// What a parameter-mode acquire that did not take the key found there, as `acquire.lua`
 /// would report it. `now_us` is the server's `TIME` read right after the acquire (the fencing
-/// token when the record is this owner's own: a re-sent acquire), `pttl` the key's `PTTL`
-/// when it was asked for.
+/// token when the record is this owner's own: a re-sent acquire), or `0` when it was left
+/// unread; `pttl` the key's `PTTL` when it was asked for.
 pub(crate) fn found(bytes: &[u8], owner: &str, now_us: u64, pttl: Option<i64>) -> AcquireOutcome {
     let rec = match parse(bytes) {
         Ok(rec) => rec,
@@ -131,14 +143,20 @@ mod tests {
     fn written_records_read_back() {
         let p = pending("own", Some("ab12"));
         assert_eq!(p, "P|0|own|ab12|||");
-        // A re-sent acquire finds its own record: the fence is the server's TIME read after it.
+        // A re-sent acquire finds its own record: the fence is the server's TIME read after it,
+        // or left unread.
         assert_eq!(found(p.as_bytes(), "own", 77, None), AcquireOutcome::Acquired { fence: 77 });
+        assert_eq!(found(p.as_bytes(), "own", 0, None), AcquireOutcome::Acquired { fence: 0 });
         assert_eq!(
             found(p.as_bytes(), "other", 0, Some(900)),
             AcquireOutcome::InProgress { fingerprint: Some("ab12".into()), lease_left: Duration::from_millis(900) }
         );
-        let c = completed(17, None, 1_700_000_000_123, Some(b"{\"a\":\"x|y\"}"));
-        assert_eq!(c, b"C|17|||1700000000123||{\"a\":\"x|y\"}");
+        let c = completed(17, "own", None, 1_700_000_000_123, Some(b"{\"a\":\"x|y\"}"));
+        assert_eq!(c, b"C|17|own||1700000000123||{\"a\":\"x|y\"}");
+        // Operators see no owner on a completed record, as on every store.
+        assert_eq!(view("k", &c, None).unwrap().owner, None);
+        // A fence the body never read is stored as 0 and shown as none.
+        assert_eq!(view("k", &completed(0, "own", None, 1, None), None).unwrap().fence, None);
         assert_eq!(parse(&c).unwrap().stored_ms, Some(1_700_000_000_123));
         // How long it is kept is what the server says (PTTL), whatever any clock says.
         assert_eq!(
@@ -149,7 +167,7 @@ mod tests {
                 kept_for: Duration::from_secs(4)
             }
         );
-        let unreplayable = completed(3, Some("f"), 1, None);
+        let unreplayable = completed(3, "own", Some("f"), 1, None);
         assert_eq!(
             found(&unreplayable, "own", 20_000, None),
             AcquireOutcome::Completed { fingerprint: Some("f".into()), result: None, kept_for: Duration::ZERO }

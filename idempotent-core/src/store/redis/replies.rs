@@ -90,6 +90,17 @@ pub(crate) fn acquire(reply: Value) -> Result<AcquireOutcome, StoreError> {
     })
 }
 
+/// `fence.lua`'s reply: the token, or `None` when the owner no longer holds the key.
+pub(crate) fn fence(reply: Value) -> Result<Option<u64>, StoreError> {
+    let items = array("fence", reply)?;
+    let bad = || StoreError::reply("fence", format_args!("unexpected reply {items:?}"));
+    match text(&items[0]).as_deref() {
+        Some("fence") => Ok(Some(items.get(1).and_then(int).filter(|f| *f > 0).ok_or_else(bad)? as u64)),
+        Some("lost") => Ok(None),
+        _ => Err(bad()),
+    }
+}
+
 pub(crate) fn transition(op: &str, reply: Value) -> Result<Transition, StoreError> {
     let items = array(op, reply)?;
     match text(&items[0]).as_deref() {

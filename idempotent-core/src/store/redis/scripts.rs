@@ -32,11 +32,12 @@ pub(crate) static COMMIT: Lazy<Script> = lua!("commit.lua");
 pub(crate) static RELEASE: Lazy<Script> = lua!("release.lua");
 pub(crate) static FORGET: Lazy<Script> = lua!("forget.lua");
 pub(crate) static INSPECT: Lazy<Script> = lua!("inspect.lua");
+pub(crate) static FENCE: Lazy<Script> = lua!("fence.lua");
 
-/// The scripts of every call's path, loaded when the store connects (`forget`, an operator's,
-/// is loaded on first use).
-pub(crate) fn all() -> [&'static Script; 4] {
-    [&ACQUIRE, &RENEW, &COMMIT, &RELEASE]
+/// The scripts of every call's path, and the fence read's, loaded when the store connects
+/// (`forget` and `inspect`, an operator's, are loaded on first use).
+pub(crate) fn all() -> [&'static Script; 5] {
+    [&ACQUIRE, &RENEW, &COMMIT, &RELEASE, &FENCE]
 }
 
 /// Runs `script` on `client`: EVALSHA, then EVAL if the server does not know the script.
