@@ -321,7 +321,7 @@ async fn guarded(idem: &Idempotency, h: &History, id: CallId, spec: &CallSpec, t
                 h.record(Event::FenceRead { call: id, fence });
             }
         };
-        tokio::join!(steps(h, id, &spec.steps_ms, || ctx.is_lease_lost(), [ctx.lost()]), fence_read);
+        steps(h, id, &spec.steps_ms, || ctx.is_lease_lost(), [ctx.lost()], fence_read).await;
         ended.done = true;
         let value = format!("v{id}");
         match spec.end {
@@ -361,7 +361,7 @@ async fn take_lock(idem: &Idempotency, h: &History, id: CallId, spec: &CallSpec)
     let mut ended = Ending { h, call: id, done: false };
     h.record(Event::BodyStart { call: id, owner: String::new(), fence: Some(guard.fence()), lost: guard.is_lost() });
     // Two tasks' worth of waiters on `lost()`: every one must resolve.
-    steps(h, id, &spec.steps_ms, || guard.is_lost(), [guard.lost(), guard.lost()]).await;
+    steps(h, id, &spec.steps_ms, || guard.is_lost(), [guard.lost(), guard.lost()], async {}).await;
     ended.done = true;
     h.record(Event::BodyEnd { call: id, end: BodyEnd::Ok(String::new()) });
     if guard.is_lost() {
@@ -375,20 +375,26 @@ async fn take_lock(idem: &Idempotency, h: &History, id: CallId, spec: &CallSpec)
     }
 }
 
-/// A body's steps: it sleeps each and records an effect after each, while every future of
-/// `lost` (the lease known lost) is watched and recorded as a `Told` when it resolves.
+/// A body's steps: it sleeps each and records an effect after each, and runs `alongside` (a
+/// fence read) meanwhile, while every future of `lost` (the lease known lost) is watched and
+/// recorded as a `Told` when it resolves, until both are done.
 async fn steps<const N: usize>(
     h: &History,
     id: CallId,
     steps_ms: &[u64],
     is_lost: impl Fn() -> bool,
     lost: [impl Future<Output = &'static str>; N],
+    alongside: impl Future<Output = ()>,
 ) {
+    // What the body does besides its steps (a fence read) runs while the watchers listen too.
     let work = async {
-        for &step in steps_ms {
-            tokio::time::sleep(ms(step)).await;
-            h.record(Event::Effect { call: id, lost: is_lost() });
-        }
+        let stepping = async {
+            for &step in steps_ms {
+                tokio::time::sleep(ms(step)).await;
+                h.record(Event::Effect { call: id, lost: is_lost() });
+            }
+        };
+        tokio::join!(stepping, alongside);
     };
     let mut watchers: Vec<_> = lost
         .into_iter()
