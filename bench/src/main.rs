@@ -8,6 +8,7 @@
 //! cargo run --release -p idempotent-bench -- --check      # exact round-trip counts only (CI smoke test)
 //! cargo run --release -p idempotent-bench -- --redis redis://127.0.0.1:6379 --json
 //! cargo run --release -p idempotent-bench -- --no-postgres                     # Redis and memory rows only
+//! bash scripts/instructions.sh     # client instructions per call (callgrind), ours against the baselines
 //! ```
 //!
 //! Baselines, through the same fred client as the store:
@@ -26,7 +27,7 @@
 //!
 //! Its rooms: [`harness`] (rows, timing, the table), [`counters`] (what the servers count),
 //! [`ops`] (the operations timed), [`telemetry`], [`checks`] (the exact counts), [`redis_rows`],
-//! [`mod@pg_rows`], [`chart`].
+//! [`mod@pg_rows`], [`chart`], [`instructions`] (one path's calls, for callgrind to count).
 
 #[path = "../../tests/support/mod.rs"]
 #[allow(unused_imports)]
@@ -36,6 +37,7 @@ mod chart;
 mod checks;
 mod counters;
 mod harness;
+mod instructions;
 mod ops;
 mod pg_rows;
 mod redis_rows;
@@ -69,6 +71,9 @@ struct Options {
     short: bool,
     check: bool,
     json: bool,
+    /// `--instructions PATH --ops N`: only run N calls of PATH (see `instructions`).
+    instructions: Option<String>,
+    ops: u64,
 }
 
 fn options() -> Options {
@@ -83,6 +88,8 @@ fn options() -> Options {
         short: false,
         check: false,
         json: false,
+        instructions: None,
+        ops: 1000,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -97,11 +104,19 @@ fn options() -> Options {
             "--short" => o.short = true,
             "--check" => o.check = true,
             "--json" => o.json = true,
+            "--instructions" => o.instructions = args.next(),
+            "--ops" => {
+                o.ops = args.next().and_then(|n| n.parse().ok()).unwrap_or_else(|| {
+                    eprintln!("--ops takes a number of calls");
+                    std::process::exit(2);
+                })
+            }
             "-h" | "--help" => {
                 println!(
                     "usage: bench [--short] [--check] [--json] [--chart FILE.svg] [--redis URL] \
                      [--valkey URL | --no-valkey] [--postgres URL | --no-postgres]\n       \
-                     bench --chart-from TABLE.txt [--chart FILE.svg]   (the chart of a saved run's table)"
+                     bench --chart-from TABLE.txt [--chart FILE.svg]   (the chart of a saved run's table)\n       \
+                     bench --instructions PATH --ops N --redis URL      (N calls of one path, for callgrind)"
                 );
                 std::process::exit(0);
             }
@@ -116,6 +131,14 @@ fn options() -> Options {
 
 fn main() {
     let o = options();
+    if let Some(path) = &o.instructions {
+        let url = o.redis.as_deref().unwrap_or_else(|| {
+            eprintln!("--instructions needs --redis URL");
+            std::process::exit(2);
+        });
+        instructions::run(path, o.ops, url);
+        return;
+    }
     if let Some(table) = &o.chart_from {
         let text = std::fs::read_to_string(table).unwrap_or_else(|e| panic!("{table}: {e}"));
         chart::write(&o.chart, &chart::rows_of_table(&text)).expect("write the chart");
@@ -143,7 +166,7 @@ async fn run(o: Options) {
             }
             let what = match path.split_once(": ") {
                 Some((path, _)) => format!("  of which script calls, {path}"),
-                None => format!("round trips, {} ({}, commits: {}), {path}", t.label, t.server, t.store.commit_path()),
+                None => format!("commands, {} ({}, commits: {}), {path}", t.label, t.server, t.store.commit_path()),
             };
             println!("{what}: {got:.2} per call (target {want}) {verdict}");
             checks.push((t.label, path, got, want));
