@@ -35,6 +35,10 @@ pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
 mod view;
+#[cfg(any(feature = "redis", feature = "postgres"))]
+mod within;
+#[cfg(any(feature = "redis", feature = "postgres"))]
+pub(crate) use within::{within, Within};
 
 pub use background::MAX_BACKGROUND;
 pub use future::{BoxFuture, StoreFuture};
@@ -66,17 +70,6 @@ pub enum PurgeEvent<'a> {
 
 /// Receives [`PurgeEvent`]s; see [`Store::follow_purges`].
 pub type PurgeHandler = Arc<dyn Fn(PurgeEvent<'_>) + Send + Sync>;
-
-/// `fut`, failing with a store error of kind `Timeout` after `bound`: a store call's client-side
-/// bound.
-#[cfg(any(feature = "redis", feature = "postgres"))]
-pub(crate) async fn within<T>(
-    op: &str,
-    bound: Duration,
-    fut: impl std::future::Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    tokio::time::timeout(bound, fut).await.unwrap_or_else(|_| Err(StoreError::timeout(op, bound)))
-}
 
 fn unsupported<T>(what: &str) -> Result<T, StoreError> {
     Err(StoreError::new(crate::error::StoreErrorKind::Backend, format!("this store cannot {what}")))

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 
 use super::errors::pg_error;
 use crate::error::{StoreError, StoreErrorKind};
-use crate::store::within;
+use crate::store::Within;
 
 /// A pool of connections, how long a call waits for one of them, and whether a refill is under
 /// way.
@@ -72,7 +72,7 @@ impl Pool {
         op: &str,
         fut: impl std::future::Future<Output = Result<T, sqlx::Error>>,
     ) -> Result<T, StoreError> {
-        let done = within(op, self.timeout, async { fut.await.map_err(|e| pg_error(op, e)) }).await;
+        let done = Within::reading(op, self.timeout, fut, pg_error).await;
         if matches!(&done, Err(e) if e.kind() == StoreErrorKind::Timeout) {
             self.refill();
         }
