@@ -37,6 +37,7 @@ use crate::service::IdempotencyService;
 /// | stored headers | `Content-Location`, `Location`, `ETag`, `Last-Modified`, and always the [`MEANING_HEADERS`](crate::MEANING_HEADERS) (`Content-Type`, `Content-Encoding`, `Content-Language`, `Content-Disposition`, `Content-Range`, `Vary`, `Cache-Control`) | [`store_headers`](Self::store_headers) |
 /// | replay marker | `Idempotent-Replayed: true` | [`replay_header`](Self::replay_header) |
 /// | request body read | 1 MiB (413 over) | [`max_request_bytes`](Self::max_request_bytes) |
+/// | what "the same body" means | the same bytes | [`json_fingerprint`](Self::json_fingerprint) (a JSON body's canonical form) |
 /// | response size | the runtime's `max_result_bytes` (1 MiB): larger ones are not replayable (409) | `IdempotencyBuilder::max_result_bytes` |
 /// | lease, retention | the runtime's (30 s renewed, 24 h) | [`ttl`](Self::ttl), [`keep`](Self::keep) |
 ///
@@ -104,6 +105,7 @@ impl IdempotencyLayer {
                 store_if: Arc::new(stored_by_default),
                 client,
                 lenient_header: false,
+                json_fingerprint: false,
                 on_conflict: OnConflict::Reject,
                 ttl: None,
                 keep: None,
@@ -205,6 +207,25 @@ impl IdempotencyLayer {
         self.with(|p| p.lenient_header = true)
     }
 
+    /// Compares JSON request bodies by their canonical form ([`json::canonical`](crate::json::canonical):
+    /// object members in one order, no whitespace, escapes decoded), so that a client that
+    /// serializes its body again for a retry, in another key order or layout, gets its replay
+    /// rather than a 422. Off by default: the body's bytes are compared. Applies to requests
+    /// whose `Content-Type` is JSON (`application/json`, `application/*+json`); other bodies,
+    /// and JSON bodies without a canonical form (not strict JSON, a member named twice), are
+    /// compared by their bytes. Numbers are compared as written: `1.0` and `1` differ.
+    ///
+    /// ```
+    /// # use idempotent_core::{Idempotency, MemoryStore};
+    /// # use idempotent_http::IdempotencyLayer;
+    /// # let idem = Idempotency::new(MemoryStore::new());
+    /// // `{"amount": 5, "to": "x"}` retried as `{"to":"x","amount":5}` replays.
+    /// let layer = IdempotencyLayer::shared_keys(idem).json_fingerprint();
+    /// ```
+    pub fn json_fingerprint(self) -> Self {
+        self.with(|p| p.json_fingerprint = true)
+    }
+
     /// A request finding its key in flight waits up to `patience` for the first one to finish,
     /// then gets its replay (or runs, if the first failed), instead of an immediate 409. Still
     /// in flight after `patience`: 409.
@@ -257,6 +278,7 @@ impl fmt::Debug for IdempotencyLayer {
             .field("stored_headers", &p.stored_headers)
             .field("replay_header", &p.replay_header)
             .field("lenient_header", &p.lenient_header)
+            .field("json_fingerprint", &p.json_fingerprint)
             .field("on_conflict", &p.on_conflict)
             .field("token_path", &p.token_path)
             .finish_non_exhaustive()

@@ -39,6 +39,7 @@
 
 pub mod client;
 pub mod header;
+pub mod json;
 mod layer;
 /// Problem details: the runtime's own (`idempotency::problem`), shared with `Error`'s
 /// `IntoResponse`.

@@ -66,6 +66,8 @@ pub(crate) struct Policy {
     pub(crate) store_if: StorePredicate,
     pub(crate) client: ClientScope,
     pub(crate) lenient_header: bool,
+    /// JSON bodies compared by their canonical form (`json.rs`).
+    pub(crate) json_fingerprint: bool,
     pub(crate) on_conflict: OnConflict,
     pub(crate) ttl: Option<Duration>,
     pub(crate) keep: Option<Duration>,

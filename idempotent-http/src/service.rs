@@ -15,6 +15,7 @@ use idempotent_core::{Call, Error};
 use tower_service::Service;
 
 use crate::header::{parse_key_with, KeyError, IDEMPOTENCY_KEY};
+use crate::json;
 use crate::policy::{problem_for, KeyMode, Policy, Ran};
 use crate::problem::{Problem, ProblemKind};
 use crate::stored::StoredResponse;
@@ -182,7 +183,12 @@ where
         Some(authority) => authority.as_str().as_bytes(),
         None => parts.headers.get(http::header::HOST).map_or(&b""[..], |h| h.as_bytes()),
     };
-    let parts_hashed: [&[u8]; 4] = [parts.method.as_str().as_bytes(), authority, target.as_bytes(), &body[..]];
+    // A JSON body by its canonical form when the layer says so: a canonical form is itself JSON
+    // with a canonical form, and a body without one is not JSON, so the two never meet.
+    let canonical =
+        (policy.json_fingerprint && json::is_json(&parts.headers)).then(|| json::canonical(&body)).flatten();
+    let body_hashed = canonical.as_deref().unwrap_or(&body[..]);
+    let parts_hashed: [&[u8]; 4] = [parts.method.as_str().as_bytes(), authority, target.as_bytes(), body_hashed];
     let call = call.fingerprint_parts(parts_hashed);
     let req = Request::from_parts(parts, B::from(body));
 

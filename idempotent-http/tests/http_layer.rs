@@ -37,6 +37,7 @@ both_stores!(
     rejections_before_the_handler_are_not_stored,
     lenient_header_takes_a_bare_uuid,
     token_guard_answers_instead_of_issuing,
+    json_bodies_reserialized_for_a_retry_replay_when_asked,
 );
 
 /// The largest serialized result the runtime stores for replay in these tests.
@@ -168,6 +169,11 @@ async fn server(backend: Backend) -> TestServer {
             "/lenient",
             post(|State(c): State<Counters>, h: HeaderMap, b: Bytes| async move { create(&c.orders, &h, b).await })
                 .route_layer(layer.clone().lenient_header()),
+        )
+        .route(
+            "/json",
+            post(|State(c): State<Counters>, h: HeaderMap, b: Bytes| async move { create(&c.orders, &h, b).await })
+                .route_layer(layer.clone().json_fingerprint()),
         )
         .merge(layer.token_router())
         .merge(
@@ -604,6 +610,38 @@ async fn lenient_header_takes_a_bare_uuid(backend: Backend) {
     assert!(replayed(&quoted));
     let r = s.http.post(s.url("/lenient")).header("idempotency-key", "two words").body("{}").send().await.unwrap();
     problem(r, 400, "malformed-key").await;
+}
+
+/// With `json_fingerprint`, a JSON body sent again in another member order and layout is the same
+/// request (a replay); other values, numbers written otherwise, and bodies that are not JSON by
+/// their `Content-Type` are still compared as sent. Without it, the reordered body is a 422.
+async fn json_bodies_reserialized_for_a_retry_replay_when_asked(backend: Backend) {
+    let s = server(backend).await;
+    let send = |path: &str, key: &str, content_type: &str, body: &str| {
+        s.post(path, Some(key), body).header("content-type", content_type).send()
+    };
+    let (json, sent) = ("application/json", r#"{"amount": 1250, "to": {"iban": "DE02", "name": "caf\u00e9"}}"#);
+    let retried = "{\"to\":{\"name\":\"café\",\"iban\":\"DE02\"},\n  \"amount\":1250}";
+    let first = send("/json", "j1", json, sent).await.unwrap();
+    assert_eq!(first.status(), 201);
+    let again = send("/json", "j1", "application/json; charset=utf-8", retried).await.unwrap();
+    assert!(replayed(&again), "the reordered body was not the same request: {}", again.status());
+    assert_eq!(s.counters.orders.load(SeqCst), 1);
+    // Another value, a number written otherwise, a member named twice: another request.
+    for other in [
+        r#"{"amount":1251,"to":{"iban":"DE02","name":"café"}}"#,
+        r#"{"amount":1250.0,"to":{"iban":"DE02","name":"café"}}"#,
+        r#"{"amount":1250,"amount":1250,"to":{"iban":"DE02","name":"café"}}"#,
+    ] {
+        problem(send("/json", "j1", json, other).await.unwrap(), 422, "key-reused").await;
+    }
+    // Not JSON by its type: the bytes are compared, whitespace and all.
+    assert_eq!(send("/json", "t1", "text/plain", r#"{"a": 1}"#).await.unwrap().status(), 201);
+    problem(send("/json", "t1", "text/plain", r#"{"a":1}"#).await.unwrap(), 422, "key-reused").await;
+    // Off by default: a route without it compares bytes.
+    assert_eq!(send("/orders", "j2", json, sent).await.unwrap().status(), 201);
+    problem(send("/orders", "j2", json, retried).await.unwrap(), 422, "key-reused").await;
+    assert_eq!(s.counters.orders.load(SeqCst), 3);
 }
 
 /// The token endpoint behind a guard: without a session the guard's answer, with one a token.
