@@ -3,6 +3,7 @@
 //! known lost.
 
 use std::sync::{Arc, OnceLock};
+use std::time::{Duration, SystemTime};
 
 use crate::error::Error;
 use crate::ids::OwnerId;
@@ -48,6 +49,16 @@ struct Inner {
     lost: OnceLock<&'static str>,
     /// Wakes the call when the lease is lost.
     on_lost: tokio::sync::Notify,
+    /// How long a result committed by this call is kept (none for a lock guard's hold).
+    kept: Option<Kept>,
+}
+
+/// How long a call's committed result is kept: for a while from its commit, or (token mode)
+/// until a moment fixed by its token.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Kept {
+    For(Duration),
+    Until(SystemTime),
 }
 
 impl CallContext {
@@ -63,8 +74,17 @@ impl CallContext {
                 attempt,
                 lost: OnceLock::new(),
                 on_lost: tokio::sync::Notify::new(),
+                kept: None,
             }),
         }
+    }
+
+    /// This context, saying how long the call's result will be kept (before it is shared).
+    pub(crate) fn keeping(mut self, kept: Kept) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.kept = Some(kept);
+        }
+        self
     }
 
     /// The context of the guarded call whose body is running on this task, if any. (A task the
@@ -142,6 +162,35 @@ impl CallContext {
     /// ```
     pub fn attempt(&self) -> u32 {
         self.inner.attempt
+    }
+
+    /// Until when a result committed now would be replayed, by this machine's clock: now plus
+    /// the call's `keep` (or the runtime's), or in token mode the token's expiry plus the clock
+    /// skew allowed between machines. A duplicate sent before then gets the stored result
+    /// (unless an operator forgets the key, or the store loses it: an evicting Redis, say).
+    /// `None` for a lock guard's hold, which keeps nothing.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::time::{Duration, SystemTime};
+    /// use idempotent_core::{Call, CallContext, Idempotency, MemoryStore};
+    ///
+    /// let idem = Idempotency::new(MemoryStore::new());
+    /// let call = Call::new("invoice:4").keep(Duration::from_secs(3600));
+    /// let until = idem
+    ///     .run(call, || async { Ok::<_, idempotent_core::Error>(CallContext::current().unwrap().kept_until()) })
+    ///     .await
+    ///     .unwrap()
+    ///     .unwrap();
+    /// let left = until.duration_since(SystemTime::now()).unwrap();
+    /// assert!(left <= Duration::from_secs(3600) && left > Duration::from_secs(3590));
+    /// # }
+    /// ```
+    pub fn kept_until(&self) -> Option<SystemTime> {
+        match self.inner.kept? {
+            Kept::For(keep) => SystemTime::now().checked_add(keep),
+            Kept::Until(at) => Some(at),
+        }
     }
 
     /// Whether the lease is known lost: another caller may be running the same key.

@@ -40,6 +40,7 @@ use crate::service::IdempotencyService;
 /// | what "the same body" means | the same bytes | [`json_fingerprint`](Self::json_fingerprint) (a JSON body's canonical form) |
 /// | response size | the runtime's `max_result_bytes` (1 MiB): larger ones are not replayable (409) | `IdempotencyBuilder::max_result_bytes` |
 /// | lease, retention | the runtime's (30 s renewed, 24 h) | [`ttl`](Self::ttl), [`keep`](Self::keep) |
+/// | retention told to clients | not told | [`expiry_header`](Self::expiry_header) (`Idempotency-Key-Expires`) |
 ///
 /// ```
 /// use axum::{routing::post, Router};
@@ -106,6 +107,7 @@ impl IdempotencyLayer {
                 client,
                 lenient_header: false,
                 json_fingerprint: false,
+                expiry_header: false,
                 on_conflict: OnConflict::Reject,
                 ttl: None,
                 keep: None,
@@ -244,6 +246,25 @@ impl IdempotencyLayer {
         self.with(|p| p.keep = Some(keep))
     }
 
+    /// Tells clients until when a stored response is replayed: the response that is stored, and
+    /// every replay of it, carry [`Idempotency-Key-Expires`](crate::IDEMPOTENCY_KEY_EXPIRES), an
+    /// HTTP-date (as `Expires` is) by the server's clock, rounded down to the second. A retry
+    /// sent before it gets the replay (unless an operator forgets the key or the store loses
+    /// it); after it the key is free and a retry runs again. A replay carries the date the
+    /// first response did: the moment is fixed when the response is stored. Responses that are
+    /// not stored (5xx, say) and the layer's own refusals carry none. Off by default.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use idempotent_core::{Idempotency, MemoryStore};
+    /// # use idempotent_http::IdempotencyLayer;
+    /// # let idem = Idempotency::new(MemoryStore::new());
+    /// let layer = IdempotencyLayer::shared_keys(idem).keep(Duration::from_secs(24 * 3600)).expiry_header();
+    /// ```
+    pub fn expiry_header(self) -> Self {
+        self.with(|p| p.expiry_header = true)
+    }
+
     /// How long an issued token stays valid (default one hour).
     pub fn token_ttl(self, ttl: Duration) -> Self {
         self.with(|p| p.token_ttl = ttl)
@@ -279,6 +300,7 @@ impl fmt::Debug for IdempotencyLayer {
             .field("replay_header", &p.replay_header)
             .field("lenient_header", &p.lenient_header)
             .field("json_fingerprint", &p.json_fingerprint)
+            .field("expiry_header", &p.expiry_header)
             .field("on_conflict", &p.on_conflict)
             .field("token_path", &p.token_path)
             .finish_non_exhaustive()

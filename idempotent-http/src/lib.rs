@@ -58,7 +58,7 @@ pub const MAX_HEADER_KEY_BYTES: usize = idempotent_core::MAX_KEY_BYTES / 2;
 pub use layer::IdempotencyLayer;
 pub use policy::{
     stored_by_default, ClientScope, KeyMode, Ran, StorePredicate, TokenGuard, DEFAULT_MAX_REQUEST_BYTES,
-    DEFAULT_REPLAY_HEADER, DEFAULT_TOKEN_PATH, DEFAULT_TOKEN_TTL, REJECTED_BEFORE_THE_HANDLER,
+    DEFAULT_REPLAY_HEADER, DEFAULT_TOKEN_PATH, DEFAULT_TOKEN_TTL, IDEMPOTENCY_KEY_EXPIRES, REJECTED_BEFORE_THE_HANDLER,
 };
 pub use service::IdempotencyService;
 pub use stored::{StoredResponse, MEANING_HEADERS};

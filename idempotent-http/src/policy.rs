@@ -14,6 +14,11 @@ use crate::problem::{Origin, Problem, ProblemKind};
 /// The header marking a replayed response by default: `Idempotent-Replayed: true`.
 pub static DEFAULT_REPLAY_HEADER: HeaderName = HeaderName::from_static("idempotent-replayed");
 
+/// The response header saying until when a stored response is replayed, when the layer tells
+/// it ([`IdempotencyLayer::expiry_header`](crate::IdempotencyLayer::expiry_header)):
+/// `Idempotency-Key-Expires: Thu, 04 Dec 2026 10:00:00 GMT`.
+pub static IDEMPOTENCY_KEY_EXPIRES: HeaderName = HeaderName::from_static("idempotency-key-expires");
+
 /// The largest request body read (to fingerprint it) by default: 1 MiB.
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 1 << 20;
 
@@ -68,6 +73,8 @@ pub(crate) struct Policy {
     pub(crate) lenient_header: bool,
     /// JSON bodies compared by their canonical form (`json.rs`).
     pub(crate) json_fingerprint: bool,
+    /// Stored responses and their replays carry `Idempotency-Key-Expires`.
+    pub(crate) expiry_header: bool,
     pub(crate) on_conflict: OnConflict,
     pub(crate) ttl: Option<Duration>,
     pub(crate) keep: Option<Duration>,

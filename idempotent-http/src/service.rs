@@ -8,6 +8,7 @@ use std::task::{Context, Poll};
 
 use axum::body::Body;
 use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue};
 use http::{request, response, Request, Response};
 use http_body::Body as HttpBody;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
@@ -16,7 +17,7 @@ use tower_service::Service;
 
 use crate::header::{parse_key_with, KeyError, IDEMPOTENCY_KEY};
 use crate::json;
-use crate::policy::{problem_for, KeyMode, Policy, Ran};
+use crate::policy::{problem_for, KeyMode, Policy, Ran, IDEMPOTENCY_KEY_EXPIRES};
 use crate::problem::{Problem, ProblemKind};
 use crate::stored::StoredResponse;
 
@@ -199,7 +200,7 @@ where
         .idem
         .run(call, || async {
             let response = inner.call(req).await.map_err(Failure::Inner)?;
-            let (head, body) = response.into_parts();
+            let (mut head, body) = response.into_parts();
             let bytes = match body.collect().await {
                 Ok(collected) => collected.to_bytes(),
                 Err(e) => return Err(Failure::Unreadable(e.into().to_string())),
@@ -207,7 +208,14 @@ where
             if head.extensions.get::<Ran>().is_none() && !(policy.store_if)(head.status) {
                 return Err(Failure::NotStored(Response::from_parts(head, Body::from(bytes))));
             }
-            let stored = StoredResponse::capture(&head, &bytes, &policy.stored_headers);
+            let stored = if policy.expiry_header {
+                tell_expiry(&mut head);
+                let names: Vec<HeaderName> =
+                    policy.stored_headers.iter().chain([&IDEMPOTENCY_KEY_EXPIRES]).cloned().collect();
+                StoredResponse::capture(&head, &bytes, &names)
+            } else {
+                StoredResponse::capture(&head, &bytes, &policy.stored_headers)
+            };
             *first.lock().unwrap_or_else(|p| p.into_inner()) = Some((head, bytes));
             Ok::<_, Failure<S::Error>>(stored)
         })
@@ -235,6 +243,22 @@ where
 }
 
 /// The call for a request's key, `None` when it runs unguarded, or the problem refusing it.
+/// Sets `Idempotency-Key-Expires` on a response about to be stored: until when the call's result
+/// is kept, rounded down to the second (the record lives at least that long).
+fn tell_expiry(head: &mut response::Parts) {
+    let Some(until) = idempotent_core::CallContext::current().and_then(|c| c.kept_until()) else { return };
+    // An HTTP-date has four digits of year (and `httpdate` panics past 9999).
+    const YEAR_10000: u64 = 253_402_300_800;
+    let Ok(since) = until.duration_since(std::time::UNIX_EPOCH) else { return };
+    if since.as_secs() >= YEAR_10000 {
+        return;
+    }
+    let at = std::time::UNIX_EPOCH + std::time::Duration::from_secs(since.as_secs());
+    if let Ok(value) = HeaderValue::from_str(&httpdate::fmt_http_date(at)) {
+        head.headers.insert(IDEMPOTENCY_KEY_EXPIRES.clone(), value);
+    }
+}
+
 fn prepare(policy: &Policy, parts: &request::Parts) -> Result<Option<Call>, Problem> {
     let key = match parse_key_with(parts.headers.get_all(&IDEMPOTENCY_KEY), policy.max_key_bytes, policy.lenient_header)
     {

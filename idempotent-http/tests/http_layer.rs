@@ -38,6 +38,7 @@ both_stores!(
     lenient_header_takes_a_bare_uuid,
     token_guard_answers_instead_of_issuing,
     json_bodies_reserialized_for_a_retry_replay_when_asked,
+    stored_responses_and_their_replays_tell_until_when_they_replay,
 );
 
 /// The largest serialized result the runtime stores for replay in these tests.
@@ -174,6 +175,21 @@ async fn server(backend: Backend) -> TestServer {
             "/json",
             post(|State(c): State<Counters>, h: HeaderMap, b: Bytes| async move { create(&c.orders, &h, b).await })
                 .route_layer(layer.clone().json_fingerprint()),
+        )
+        .route(
+            "/expiring",
+            post(|State(c): State<Counters>, h: HeaderMap, b: Bytes| async move {
+                if h.contains_key("x-fail") {
+                    return (StatusCode::SERVICE_UNAVAILABLE, "try again").into_response();
+                }
+                create(&c.orders, &h, b).await
+            })
+            .route_layer(layer.clone().keep(Duration::from_secs(3600)).expiry_header()),
+        )
+        .route(
+            "/expiring-token",
+            post(|State(c): State<Counters>, h: HeaderMap, b: Bytes| async move { create(&c.tokens, &h, b).await })
+                .route_layer(layer.clone().require_token().expiry_header()),
         )
         .merge(layer.token_router())
         .merge(
@@ -642,6 +658,41 @@ async fn json_bodies_reserialized_for_a_retry_replay_when_asked(backend: Backend
     assert_eq!(send("/orders", "j2", json, sent).await.unwrap().status(), 201);
     problem(send("/orders", "j2", json, retried).await.unwrap(), 422, "key-reused").await;
     assert_eq!(s.counters.orders.load(SeqCst), 3);
+}
+
+/// With `expiry_header`, the stored response and its replays say until when they replay: the
+/// call's `keep` from the commit, or in token mode the token's expiry plus the skew allowed.
+/// Responses not stored, and routes without it, say nothing.
+async fn stored_responses_and_their_replays_tell_until_when_they_replay(backend: Backend) {
+    let s = server(backend).await;
+    let expiry =
+        |r: &reqwest::Response| r.headers().get("idempotency-key-expires").map(|v| v.to_str().unwrap().to_owned());
+    let from_now = |date: &str| {
+        let at = httpdate::parse_http_date(date).unwrap();
+        at.duration_since(std::time::SystemTime::now()).unwrap_or_default()
+    };
+    let sent = std::time::SystemTime::now();
+    let first = s.post("/expiring", Some("x1"), "order").send().await.unwrap();
+    assert_eq!(first.status(), 201);
+    let told = expiry(&first).expect("the stored response tells its expiry");
+    let left = from_now(&told);
+    assert!(left <= Duration::from_secs(3600) && left >= Duration::from_secs(3590), "{told}: {left:?} left");
+    assert!(httpdate::parse_http_date(&told).unwrap() >= sent + Duration::from_secs(3599));
+    let again = s.post("/expiring", Some("x1"), "order").send().await.unwrap();
+    assert!(replayed(&again));
+    assert_eq!(expiry(&again).as_deref(), Some(told.as_str()), "a replay tells the moment the first did");
+    // Not stored: nothing to tell.
+    let failed = s.post("/expiring", Some("x2"), "order").header("x-fail", "1").send().await.unwrap();
+    assert_eq!((failed.status().as_u16(), expiry(&failed)), (503, None));
+    // Not asked for: not told.
+    let plain = s.post("/orders", Some("x3"), "order").send().await.unwrap();
+    assert_eq!((plain.status().as_u16(), expiry(&plain)), (201, None));
+    // Token mode: kept while the token (an hour) and the skew allowed (five minutes) last.
+    let token = issue_token(&s.http, &s).await;
+    let used = s.post("/expiring-token", Some(&token), "order").send().await.unwrap();
+    assert_eq!(used.status(), 201);
+    let left = from_now(&expiry(&used).expect("a token's response tells its expiry"));
+    assert!(left <= Duration::from_secs(3900) && left >= Duration::from_secs(3890), "{left:?} left");
 }
 
 /// The token endpoint behind a guard: without a session the guard's answer, with one a token.
