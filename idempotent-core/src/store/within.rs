@@ -59,13 +59,22 @@ where
         if this.deadline.is_none() {
             this.deadline.set(Some(tokio::time::sleep(*this.bound)));
         }
-        // The call first, as `tokio::time::timeout` does: an answer that is there wins.
+        // As `tokio::time::timeout` does: the call first (an answer that is there wins), then
+        // the deadline, outside the task's budget when the call spent the last of it (else a
+        // call that keeps spending it would keep the deadline from ever being seen).
+        let had_budget = tokio::task::coop::has_budget_remaining();
         if let Poll::Ready(done) = this.fut.poll(cx) {
             return Poll::Ready(done.map_err(|e| (this.read)(this.op, e)));
         }
-        match this.deadline.as_pin_mut().map(|deadline| deadline.poll(cx)) {
-            Some(Poll::Ready(())) => Poll::Ready(Err(StoreError::timeout(this.op, *this.bound))),
-            _ => Poll::Pending,
+        let Some(deadline) = this.deadline.as_pin_mut() else { return Poll::Pending };
+        let passed = if had_budget && !tokio::task::coop::has_budget_remaining() {
+            Pin::new(&mut tokio::task::unconstrained(deadline)).poll(cx)
+        } else {
+            deadline.poll(cx)
+        };
+        match passed {
+            Poll::Ready(()) => Poll::Ready(Err(StoreError::timeout(this.op, *this.bound))),
+            Poll::Pending => Poll::Pending,
         }
     }
 }
@@ -85,6 +94,29 @@ mod tests {
         let slow = within("release", bound, std::future::pending::<Result<u8, StoreError>>()).await.unwrap_err();
         assert_eq!(slow.kind(), StoreErrorKind::Timeout);
         assert!(slow.to_string().contains("release"), "{slow}");
+    }
+
+    /// A call that spends the task's whole budget at every poll (here: reading a channel that
+    /// always has more) still sees its deadline, as under `tokio::time::timeout`.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_call_that_spends_the_budget_still_times_out() {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<u8>();
+        let greedy = std::future::poll_fn(move |cx| {
+            loop {
+                for _ in 0..16 {
+                    let _ = tx.send(0);
+                }
+                match rx.poll_recv(cx) {
+                    Poll::Ready(_) => continue,
+                    // Out of budget: tokio has the task polled again.
+                    Poll::Pending => return Poll::<Result<u8, StoreError>>::Pending,
+                }
+            }
+        });
+        let bounded = within("acquire", Duration::from_millis(20), greedy);
+        let outcome = tokio::time::timeout(Duration::from_secs(5), bounded).await;
+        let e = outcome.expect("the deadline was never seen").unwrap_err();
+        assert_eq!(e.kind(), StoreErrorKind::Timeout);
     }
 
     #[test]
