@@ -215,7 +215,10 @@ impl IdempotencyLayer {
     /// rather than a 422. Off by default: the body's bytes are compared. Applies to requests
     /// whose `Content-Type` is JSON (`application/json`, `application/*+json`); other bodies,
     /// and JSON bodies without a canonical form (not strict JSON, a member named twice), are
-    /// compared by their bytes. Numbers are compared as written: `1.0` and `1` differ.
+    /// compared by their bytes. Numbers are compared as written: `1.0` and `1` differ. Turning
+    /// it on changes the fingerprint of JSON requests: a retry of a response stored before, with
+    /// the same key, is a 422 unless its body was canonical already (a new
+    /// [`scope`](Self::scope) avoids that).
     ///
     /// ```
     /// # use idempotent_core::{Idempotency, MemoryStore};
