@@ -54,11 +54,24 @@ struct Inner {
 }
 
 /// How long a call's committed result is kept: for a while from its commit, or (token mode)
-/// until a moment fixed by its token.
+/// while any machine may still accept its token: until the token expires plus the clock skew
+/// allowed between machines.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Kept {
     For(Duration),
-    Until(SystemTime),
+    Token { expires: SystemTime, skew: Duration },
+}
+
+impl Kept {
+    /// How long a result committed at `now` (by the tokens' clock) is kept.
+    pub(crate) fn left(self, now: SystemTime) -> Duration {
+        match self {
+            Kept::For(keep) => keep,
+            Kept::Token { expires, skew } => {
+                expires.duration_since(now).unwrap_or_default().saturating_add(skew).min(crate::MAX_DURATION)
+            }
+        }
+    }
 }
 
 impl CallContext {
@@ -189,7 +202,7 @@ impl CallContext {
     pub fn kept_until(&self) -> Option<SystemTime> {
         match self.inner.kept? {
             Kept::For(keep) => SystemTime::now().checked_add(keep),
-            Kept::Until(at) => Some(at),
+            Kept::Token { expires, skew } => expires.checked_add(skew),
         }
     }
 

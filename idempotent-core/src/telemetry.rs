@@ -374,12 +374,14 @@ pub(crate) mod record {
 
     pub(crate) fn call(outcome: CallOutcome, scope: &str) {
         with(|h| {
-            if h.calls.len() >= MAX_SCOPES && !h.calls.contains_key(scope) {
-                h.calls.clear();
-            }
             let counters = match h.calls.get_mut(scope) {
                 Some(counters) => counters,
-                None => h.calls.entry(scope.into()).or_default(),
+                None => {
+                    if h.calls.len() >= MAX_SCOPES {
+                        h.calls.clear();
+                    }
+                    h.calls.entry(scope.into()).or_default()
+                }
             };
             counters[outcome as usize]
                 .get_or_insert_with(|| {

@@ -103,28 +103,13 @@ impl<'a> Parser<'a> {
     }
 
     fn object(&mut self, depth: usize) -> Option<Json<'a>> {
-        if depth > MAX_DEPTH {
-            return None;
-        }
-        self.eat(b'{')?;
-        let mut members: Vec<(String, Json<'a>)> = Vec::new();
-        self.skip_whitespace();
-        if self.eat(b'}').is_none() {
-            loop {
-                self.skip_whitespace();
-                let name = self.string()?;
-                self.skip_whitespace();
-                self.eat(b':')?;
-                self.skip_whitespace();
-                let value = self.value(depth)?;
-                members.push((name, value));
-                self.skip_whitespace();
-                if self.eat(b',').is_none() {
-                    self.eat(b'}')?;
-                    break;
-                }
-            }
-        }
+        let mut members = self.sequence(b'{', b'}', depth, |p| {
+            let name = p.string()?;
+            p.skip_whitespace();
+            p.eat(b':')?;
+            p.skip_whitespace();
+            Some((name, p.value(depth)?))
+        })?;
         members.sort_by(|(a, _), (b, _)| a.encode_utf16().cmp(b.encode_utf16()));
         if members.windows(2).any(|pair| pair[0].0 == pair[1].0) {
             return None;
@@ -133,24 +118,36 @@ impl<'a> Parser<'a> {
     }
 
     fn array(&mut self, depth: usize) -> Option<Json<'a>> {
+        self.sequence(b'[', b']', depth, |p| p.value(depth)).map(Json::Array)
+    }
+
+    /// `open`, items read by `item` and separated by commas, `close`: an object's members or an
+    /// array's items, at `depth` (none past [`MAX_DEPTH`]).
+    fn sequence<T>(
+        &mut self,
+        open: u8,
+        close: u8,
+        depth: usize,
+        mut item: impl FnMut(&mut Self) -> Option<T>,
+    ) -> Option<Vec<T>> {
         if depth > MAX_DEPTH {
             return None;
         }
-        self.eat(b'[')?;
+        self.eat(open)?;
         let mut items = Vec::new();
         self.skip_whitespace();
-        if self.eat(b']').is_none() {
-            loop {
-                self.skip_whitespace();
-                items.push(self.value(depth)?);
-                self.skip_whitespace();
-                if self.eat(b',').is_none() {
-                    self.eat(b']')?;
-                    break;
-                }
+        if self.eat(close).is_some() {
+            return Some(items);
+        }
+        loop {
+            self.skip_whitespace();
+            items.push(item(self)?);
+            self.skip_whitespace();
+            if self.eat(b',').is_none() {
+                self.eat(close)?;
+                return Some(items);
             }
         }
-        Some(Json::Array(items))
     }
 
     /// `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?`, as written.

@@ -13,7 +13,7 @@ use tower_layer::Layer;
 use crate::header::DEFAULT_MAX_KEY_BYTES;
 use crate::policy::{
     stored_by_default, ClientScope, KeyMode, Policy, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_REPLAY_HEADER,
-    DEFAULT_TOKEN_PATH, DEFAULT_TOKEN_TTL,
+    DEFAULT_TOKEN_PATH, DEFAULT_TOKEN_TTL, IDEMPOTENCY_KEY_EXPIRES,
 };
 use crate::service::IdempotencyService;
 
@@ -177,7 +177,12 @@ impl IdempotencyLayer {
     /// with them whatever the set.
     pub fn store_headers(self, names: impl IntoIterator<Item = HeaderName>) -> Self {
         let names = names.into_iter().collect();
-        self.with(|p| p.stored_headers = names)
+        self.with(|p| {
+            p.stored_headers = names;
+            if p.expiry_header {
+                p.stored_headers.push(IDEMPOTENCY_KEY_EXPIRES.clone());
+            }
+        })
     }
 
     /// The header set to `true` on replayed responses (default `Idempotent-Replayed`).
@@ -265,7 +270,13 @@ impl IdempotencyLayer {
     /// let layer = IdempotencyLayer::shared_keys(idem).keep(Duration::from_secs(24 * 3600)).expiry_header();
     /// ```
     pub fn expiry_header(self) -> Self {
-        self.with(|p| p.expiry_header = true)
+        self.with(|p| {
+            if !p.expiry_header {
+                p.expiry_header = true;
+                // Stored with the response, so that every replay tells the moment the first did.
+                p.stored_headers.push(IDEMPOTENCY_KEY_EXPIRES.clone());
+            }
+        })
     }
 
     /// How long an issued token stays valid (default one hour).

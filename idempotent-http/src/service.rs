@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 
 use axum::body::Body;
 use bytes::Bytes;
-use http::header::{HeaderName, HeaderValue};
+use http::header::HeaderValue;
 use http::{request, response, Request, Response};
 use http_body::Body as HttpBody;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
@@ -208,14 +208,10 @@ where
             if head.extensions.get::<Ran>().is_none() && !(policy.store_if)(head.status) {
                 return Err(Failure::NotStored(Response::from_parts(head, Body::from(bytes))));
             }
-            let stored = if policy.expiry_header {
+            if policy.expiry_header {
                 tell_expiry(&mut head);
-                let names: Vec<HeaderName> =
-                    policy.stored_headers.iter().chain([&IDEMPOTENCY_KEY_EXPIRES]).cloned().collect();
-                StoredResponse::capture(&head, &bytes, &names)
-            } else {
-                StoredResponse::capture(&head, &bytes, &policy.stored_headers)
-            };
+            }
+            let stored = StoredResponse::capture(&head, &bytes, &policy.stored_headers);
             *first.lock().unwrap_or_else(|p| p.into_inner()) = Some((head, bytes));
             Ok::<_, Failure<S::Error>>(stored)
         })
@@ -242,7 +238,6 @@ where
     }
 }
 
-/// The call for a request's key, `None` when it runs unguarded, or the problem refusing it.
 /// Sets `Idempotency-Key-Expires` on a response about to be stored: until when the call's result
 /// is kept, rounded down to the second (the record lives at least that long).
 fn tell_expiry(head: &mut response::Parts) {
@@ -259,6 +254,7 @@ fn tell_expiry(head: &mut response::Parts) {
     }
 }
 
+/// The call for a request's key, `None` when it runs unguarded, or the problem refusing it.
 fn prepare(policy: &Policy, parts: &request::Parts) -> Result<Option<Call>, Problem> {
     let key = match parse_key_with(parts.headers.get_all(&IDEMPOTENCY_KEY), policy.max_key_bytes, policy.lenient_header)
     {

@@ -3,12 +3,13 @@
 //! is kept.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
 use crate::call::Call;
 use crate::codec::Encoded;
+use crate::context::Kept;
 use crate::error::StoreError;
 use crate::store::{CommitRequest, Transition};
 use crate::telemetry::{self};
@@ -90,12 +91,15 @@ impl Idempotency {
     /// stays used while any machine may still accept it; after that every machine refuses it
     /// before its record is read, so keeping the record longer would hold memory for nothing.
     pub(super) fn keep_for(&self, call: &Call, held: &Held) -> Duration {
-        match held.token_expires {
-            Some(expires) => {
-                let left = expires.duration_since(self.inner.token_clock.now()).unwrap_or_default();
-                left.saturating_add(self.inner.token_skew).min(crate::MAX_DURATION)
-            }
-            None => call.keep.unwrap_or(self.inner.keep),
+        self.kept(call, held.token_expires).left(self.inner.token_clock.now())
+    }
+
+    /// How long a call's result is kept, as its context tells the body (`kept_until`) and its
+    /// commit keeps it (`keep_for`).
+    pub(super) fn kept(&self, call: &Call, token_expires: Option<SystemTime>) -> Kept {
+        match token_expires {
+            Some(expires) => Kept::Token { expires, skew: self.inner.token_skew },
+            None => Kept::For(call.keep.unwrap_or(self.inner.keep)),
         }
     }
 

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use crate::call::{Call, Mode, OnDuplicate};
 use crate::codec::{self, Encoded};
-use crate::context::{CallContext, Kept};
+use crate::context::CallContext;
 use crate::error::{Error, StoreError, StoreErrorKind};
 use crate::ids;
 use crate::store::{Store, Transition};
@@ -286,10 +286,7 @@ impl Idempotency {
             Taken::Held { fence, sent } => {
                 track.outcome =
                     if track.waited.is_zero() { CallOutcome::Executed } else { CallOutcome::WaitedThenExecuted };
-                let kept = match token_expires {
-                    Some(expires) => Kept::Until(expires.checked_add(self.inner.token_skew).unwrap_or(expires)),
-                    None => Kept::For(call.keep.unwrap_or(self.inner.keep)),
-                };
+                let kept = self.kept(call, token_expires);
                 let context =
                     CallContext::new(key, owner, fence, track.attempts, self.inner.store.clone()).keeping(kept);
                 let held = Held { context, lease, sent, fingerprint, token_expires };

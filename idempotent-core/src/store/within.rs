@@ -66,7 +66,7 @@ where
         if let Poll::Ready(done) = this.fut.poll(cx) {
             return Poll::Ready(done.map_err(|e| (this.read)(this.op, e)));
         }
-        let Some(deadline) = this.deadline.as_pin_mut() else { return Poll::Pending };
+        let deadline = this.deadline.as_pin_mut().expect("the deadline is set at the first poll");
         let passed = if had_budget && !tokio::task::coop::has_budget_remaining() {
             Pin::new(&mut tokio::task::unconstrained(deadline)).poll(cx)
         } else {
