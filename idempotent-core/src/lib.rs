@@ -69,8 +69,8 @@ pub use global::{global, init, Global};
 pub use key::KeyBuilder;
 pub use lock::{LockGuard, LockRequest, LOCK_SCOPE};
 pub use runtime::{
-    Completed, Force, Idempotency, IdempotencyBuilder, Outcome, ScanFilter, DEFAULT_KEEP, DEFAULT_MAX_RESULT_BYTES,
-    DEFAULT_MAX_WAITERS_PER_KEY, DEFAULT_TOKEN_SKEW, DEFAULT_TTL, RUNTIME_ENV_VARS,
+    Ack, AckPlan, Batch, Completed, Force, Idempotency, IdempotencyBuilder, Outcome, ScanFilter, Settled, DEFAULT_KEEP,
+    DEFAULT_MAX_RESULT_BYTES, DEFAULT_MAX_WAITERS_PER_KEY, DEFAULT_TOKEN_SKEW, DEFAULT_TTL, RUNTIME_ENV_VARS,
 };
 pub use store::memory::MemoryStore;
 #[cfg(feature = "postgres")]

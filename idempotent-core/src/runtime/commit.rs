@@ -140,12 +140,26 @@ pub(super) type NoCommit = fn((), Completed) -> std::future::Ready<Result<Transi
 
 /// A commit to retry, owning what it stores (it may outlive the call).
 pub(super) struct PendingCommit {
-    key: String,
-    owner: String,
-    fence: u64,
-    keep: Duration,
-    result: Option<Vec<u8>>,
-    fingerprint: Option<String>,
+    pub(super) key: String,
+    pub(super) owner: String,
+    pub(super) fence: u64,
+    pub(super) keep: Duration,
+    pub(super) result: Option<Vec<u8>>,
+    pub(super) fingerprint: Option<String>,
+}
+
+impl PendingCommit {
+    /// The request that stores it.
+    pub(super) fn request(&self) -> CommitRequest<'_> {
+        CommitRequest {
+            key: &self.key,
+            owner: &self.owner,
+            fence: self.fence,
+            keep: self.keep,
+            result: self.result.as_deref(),
+            fingerprint: self.fingerprint.as_deref(),
+        }
+    }
 }
 
 impl Inner {
@@ -188,14 +202,7 @@ impl Inner {
         first_sent: Instant,
         generation: u64,
     ) -> Result<bool, StoreError> {
-        let request = CommitRequest {
-            key: &pending.key,
-            owner: &pending.owner,
-            fence: pending.fence,
-            keep: pending.keep,
-            result: pending.result.as_deref(),
-            fingerprint: pending.fingerprint.as_deref(),
-        };
+        let request = pending.request();
         let until = Instant::now().max(lease_end);
         let mut backoff = Duration::from_millis(25);
         for attempt in 2u32.. {

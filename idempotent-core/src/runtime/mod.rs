@@ -10,15 +10,19 @@
 //!   wait for one lock, in line;
 //! - `commit`: storing the result; `replay`: the replay cache filled and kept in step with
 //!   purges;
-//! - `operations`: the operator's API (inspect, forget, scan).
+//! - `operations`: the operator's API (inspect, forget, scan);
+//! - `batch`: many calls' keys claimed, run and committed together (`claim`), and `settled`,
+//!   what became of each item and what a queue consumer does with it.
 //!
 //! Lock guards (`crate::lock`) build on the same pieces.
 
+mod batch;
 mod builder;
 mod commit;
 mod operations;
 mod pipeline;
 mod replay;
+mod settled;
 mod state;
 mod tokens;
 mod turns;
@@ -38,9 +42,11 @@ use crate::cache::ReplayCache;
 use crate::watchdog::{Registration, Watchdog};
 
 pub use crate::store::Completed;
+pub use batch::Batch;
 pub use builder::{IdempotencyBuilder, RUNTIME_ENV_VARS};
 pub use operations::{Force, ScanFilter};
 pub use pipeline::Outcome;
+pub use settled::{Ack, AckPlan, Settled};
 pub(crate) use state::Track;
 use tokens::TokenClock;
 pub(crate) use turns::{NoTurn, Turn};

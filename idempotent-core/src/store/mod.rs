@@ -29,6 +29,7 @@ mod channels;
 pub(crate) mod credentials;
 mod expiry;
 mod future;
+mod join;
 pub mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;
@@ -42,6 +43,7 @@ pub(crate) use within::{within, Within};
 
 pub use background::MAX_BACKGROUND;
 pub use future::{BoxFuture, StoreFuture};
+pub(crate) use join::join_all;
 pub use view::{Forgotten, Inspected, RecordState, RecordView, ScanPage};
 
 /// What [`Store::follow_purges`] reports.
@@ -318,6 +320,54 @@ pub trait Store: Send + Sync + 'static {
     /// IN_PROGRESS held by `owner` → absent. Absent → `Done`. Held or completed by another
     /// owner → `Lost`. Notifies watchers.
     fn release<'a>(&'a self, key: &'a str, owner: &'a str) -> StoreFuture<'a, Result<Transition, StoreError>>;
+
+    /// Many acquires at once, for a batch (`Idempotency::claim`): per request, in order, what
+    /// [`acquire`](Self::acquire) would answer it, or the error of the command that carried it.
+    /// A store that can send them together should (Redis: one script call per hash slot); the
+    /// default sends them one after the other. An error says nothing of whether that request's
+    /// key was taken: the caller abandons it ([`abandon`](Self::abandon)).
+    fn acquire_many<'a>(
+        &'a self,
+        requests: &'a [AcquireRequest<'a>],
+    ) -> StoreFuture<'a, Vec<Result<AcquireOutcome, StoreError>>> {
+        StoreFuture::new(async move {
+            let mut out = Vec::with_capacity(requests.len());
+            for request in requests {
+                out.push(self.acquire(*request).await);
+            }
+            out
+        })
+    }
+
+    /// Many commits at once, for a batch: per request, in order, what [`commit`](Self::commit)
+    /// would answer it. The default sends them one after the other.
+    fn commit_many<'a>(
+        &'a self,
+        requests: &'a [CommitRequest<'a>],
+    ) -> StoreFuture<'a, Vec<Result<Transition, StoreError>>> {
+        StoreFuture::new(async move {
+            let mut out = Vec::with_capacity(requests.len());
+            for request in requests {
+                out.push(self.commit(*request).await);
+            }
+            out
+        })
+    }
+
+    /// Many releases at once (key and owner each), for a batch: per release, in order, what
+    /// [`release`](Self::release) would answer it. The default sends them one after the other.
+    fn release_many<'a>(
+        &'a self,
+        releases: &'a [(&'a str, &'a str)],
+    ) -> StoreFuture<'a, Vec<Result<Transition, StoreError>>> {
+        StoreFuture::new(async move {
+            let mut out = Vec::with_capacity(releases.len());
+            for (key, owner) in releases {
+                out.push(self.release(key, owner).await);
+            }
+            out
+        })
+    }
 
     /// A watcher woken when the key's record is committed or released. It must be in place
     /// before this returns, so that a change made after `watch` returns wakes it.

@@ -18,12 +18,13 @@ use fred::types::{CustomCommand, Expiration, SetOptions};
 use tokio::sync::OnceCell;
 
 use super::{
-    within, AcquireOutcome, AcquireRequest, CommitRequest, Forgotten, Inspected, Lease, PurgeHandler, ScanPage, Store,
-    StoreFuture, Transition, Watcher, Within,
+    join_all, within, AcquireOutcome, AcquireRequest, CommitRequest, Forgotten, Inspected, Lease, PurgeHandler,
+    ScanPage, Store, StoreFuture, Transition, Watcher, Within,
 };
 use crate::error::{StoreError, StoreErrorKind};
 use crate::telemetry::logged_key;
 
+mod batch;
 mod builder;
 mod keys;
 mod operations;
@@ -505,28 +506,6 @@ async fn server_time(client: &Client, record_key: &str) -> Result<u64, Error> {
     }
 }
 
-/// Runs `futs` concurrently; their outputs in order.
-async fn join_all<F: Future>(futs: impl IntoIterator<Item = F>) -> Vec<F::Output> {
-    use std::task::Poll;
-    let mut futs: Vec<_> = futs.into_iter().map(|f| (Box::pin(f), None)).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (fut, out) in futs.iter_mut().filter(|(_, out)| out.is_none()) {
-            match fut.as_mut().poll(cx) {
-                Poll::Ready(v) => *out = Some(v),
-                Poll::Pending => pending = true,
-            }
-        }
-        if pending {
-            Poll::Pending
-        } else {
-            Poll::Ready(())
-        }
-    })
-    .await;
-    futs.into_iter().filter_map(|(_, out)| out).collect()
-}
-
 /// A fred error as a store error, with the kind a caller can act on.
 pub(crate) fn store_error(op: &str, e: Error) -> StoreError {
     // The server refused a command to this user: a configuration matter (docs/security.md
@@ -596,6 +575,27 @@ impl Store for RedisStore {
 
     fn watch<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Result<Watcher, StoreError>> {
         StoreFuture::new(self.watch_inner(key))
+    }
+
+    fn acquire_many<'a>(
+        &'a self,
+        requests: &'a [AcquireRequest<'a>],
+    ) -> StoreFuture<'a, Vec<Result<AcquireOutcome, StoreError>>> {
+        StoreFuture::new(self.acquire_many_inner(requests))
+    }
+
+    fn commit_many<'a>(
+        &'a self,
+        requests: &'a [CommitRequest<'a>],
+    ) -> StoreFuture<'a, Vec<Result<Transition, StoreError>>> {
+        StoreFuture::new(self.commit_many_inner(requests))
+    }
+
+    fn release_many<'a>(
+        &'a self,
+        releases: &'a [(&'a str, &'a str)],
+    ) -> StoreFuture<'a, Vec<Result<Transition, StoreError>>> {
+        StoreFuture::new(self.release_many_inner(releases))
     }
 
     fn abandon(self: Arc<Self>, key: &str, owner: &str, lease: Duration) {

@@ -1,4 +1,5 @@
-//! The Lua scripts of `lua/`, each with `lib.lua` put in, and how they are sent: EVALSHA,
+//! The Lua scripts of `lua/`, each with `lib.lua` put in (and the batch scripts, one-key scripts
+//! run per key by `many.lua`), and how they are sent: EVALSHA,
 //! falling back to EVAL on NOSCRIPT (a restarted or failed-over server has an empty script
 //! cache; EVAL also caches the script again).
 
@@ -20,9 +21,19 @@ fn with_lib(script: &str) -> String {
     }
 }
 
+/// The batch script of a one-key `script`: `lib.lua`, the script as the function `one(KEYS,
+/// ARGV)` (its fast path and all), and `many.lua`'s loop calling it per key.
+fn many(script: &str) -> String {
+    let body = script.replacen(LIB_HERE, "", 1);
+    format!("{LIB}local function one(KEYS, ARGV)\n{body}\nend\n{}", include_str!("../../../lua/many.lua"))
+}
+
 macro_rules! lua {
     ($file:literal) => {
         Lazy::new(|| Script::from_lua(with_lib(include_str!(concat!("../../../lua/", $file)))))
+    };
+    (many $file:literal) => {
+        Lazy::new(|| Script::from_lua(many(include_str!(concat!("../../../lua/", $file)))))
     };
 }
 
@@ -33,11 +44,14 @@ pub(crate) static RELEASE: Lazy<Script> = lua!("release.lua");
 pub(crate) static FORGET: Lazy<Script> = lua!("forget.lua");
 pub(crate) static INSPECT: Lazy<Script> = lua!("inspect.lua");
 pub(crate) static FENCE: Lazy<Script> = lua!("fence.lua");
+pub(crate) static ACQUIRE_MANY: Lazy<Script> = lua!(many "acquire.lua");
+pub(crate) static COMMIT_MANY: Lazy<Script> = lua!(many "commit.lua");
+pub(crate) static RELEASE_MANY: Lazy<Script> = lua!(many "release.lua");
 
-/// The scripts of every call's path, and the fence read's, loaded when the store connects
-/// (`forget` and `inspect`, an operator's, are loaded on first use).
-pub(crate) fn all() -> [&'static Script; 5] {
-    [&ACQUIRE, &RENEW, &COMMIT, &RELEASE, &FENCE]
+/// The scripts of every call's path, the fence read's and the batches', loaded when the store
+/// connects (`forget` and `inspect`, an operator's, are loaded on first use).
+pub(crate) fn all() -> [&'static Script; 8] {
+    [&ACQUIRE, &RENEW, &COMMIT, &RELEASE, &FENCE, &ACQUIRE_MANY, &COMMIT_MANY, &RELEASE_MANY]
 }
 
 /// Runs `script` on `client`: EVALSHA, then EVAL if the server does not know the script.

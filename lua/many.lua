@@ -1,0 +1,18 @@
+-- many.lua: a batch of one transition, the script of one key run once per key. The store builds
+-- the batch script from the one-key script (acquire.lua, commit.lua, release.lua): lib.lua,
+-- then that script as the function `one(KEYS, ARGV)`, then this loop; every key gets exactly
+-- what the one-key script would have done and answered, in order, in one call (all keys in one
+-- hash slot on Redis Cluster).
+-- KEYS[i]                 the i-th record
+-- ARGV[1]                 n, how many arguments the one-key script takes
+-- ARGV[2 + (i-1)*n ...]   the i-th key's n arguments
+-- Returns an array with, per key, the one-key script's reply.
+local n, out = tonumber(ARGV[1]), {}
+for i = 1, #KEYS do
+  local args = {}
+  for j = 1, n do
+    args[j] = ARGV[1 + (i - 1) * n + j]
+  end
+  out[i] = one({ KEYS[i] }, args)
+end
+return out

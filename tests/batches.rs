@@ -1,0 +1,292 @@
+//! Batches (`Idempotency::claim`, `Batch::run`) on every store: each item answered as one call
+//! would be, each key's body run once across concurrent batches, leases renewed while a batch
+//! runs, a dropped batch's keys released and its results stored, and the round trips a batch
+//! costs on Redis.
+
+#[macro_use]
+mod support;
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use idempotency::store::AcquireRequest;
+use idempotency::{Ack, AckPlan, Call, Error, Idempotency, Settled, Store};
+use support::{counter, eventually, ms, AppError, Backend, Fixture, R};
+
+all_stores!(
+    each_item_is_answered_as_one_call_would_be,
+    concurrent_batches_run_each_key_once,
+    leases_are_renewed_while_the_batch_runs,
+    a_dropped_batch_releases_its_keys_and_stores_its_results,
+    fences_of_batch_items_are_their_own,
+);
+
+fn order(id: &str) -> Call {
+    Call::new(id).scope("orders").ttl(Duration::from_secs(30))
+}
+
+/// A batch with every kind of item: new keys (one body fails), a key completed before, a key
+/// held by another caller, a key reused with another payload, an invalid key, and a key twice.
+/// Each gets what `run` would have given it, and the plan says what to do with its delivery.
+async fn each_item_is_answered_as_one_call_would_be(backend: Backend) {
+    let fx = Fixture::new(backend, 1).await;
+    let idem = fx.idem(0);
+    let done: R<u32> = idem.run(order("done"), || async { R::Ok(7) }).await;
+    assert_eq!(done.unwrap(), 7);
+    let reused: R<u32> = idem.run(order("reused").fingerprint("payload A"), || async { R::Ok(8) }).await;
+    assert_eq!(reused.unwrap(), 8);
+    // Held by another caller for the whole test.
+    let busy = AcquireRequest {
+        key: "orders:busy",
+        owner: "someone-else",
+        lease: Duration::from_secs(30),
+        fingerprint: None,
+        will_wait: false,
+        report_ttl: false,
+        fence_now: false,
+    };
+    let store = fx.store(0);
+    assert!(matches!(store.acquire(busy).await.unwrap(), idempotency::store::AcquireOutcome::Acquired { .. }));
+
+    let calls = vec![
+        order("new-1"),
+        order("new-2"),
+        order("done"),
+        order("busy"),
+        order("reused").fingerprint("payload B"),
+        order(""),
+        order("new-1"),
+    ];
+    let batch = idem.claim::<u32>(calls).await;
+    assert_eq!((batch.len(), batch.to_run()), (7, 2));
+    assert!(batch.context(0).is_some() && batch.context(1).is_some() && batch.context(2).is_none());
+    let runs = counter();
+    let r = runs.clone();
+    let settled = batch
+        .run(1, move |i, context| {
+            let r = r.clone();
+            async move {
+                r.fetch_add(1, SeqCst);
+                assert_eq!(idempotency::CallContext::current().unwrap().key(), context.key());
+                match i {
+                    0 => R::Ok(100),
+                    _ => Err(AppError::Failed("declined")),
+                }
+            }
+        })
+        .await;
+    assert_eq!(runs.load(SeqCst), 2, "{settled:?}");
+    assert!(matches!(settled[0], Settled::Executed { value: 100, stored: true }), "{:?}", settled[0]);
+    assert!(matches!(settled[1], Settled::Failed(AppError::Failed("declined"))), "{:?}", settled[1]);
+    assert!(matches!(settled[2], Settled::Replayed(Ok(7))), "{:?}", settled[2]);
+    assert!(matches!(settled[3], Settled::InProgress), "{:?}", settled[3]);
+    assert!(
+        matches!(settled[4], Settled::Refused(Error::KeyReused { ref key }) if key == "orders:reused"),
+        "{:?}",
+        settled[4]
+    );
+    assert!(matches!(settled[5], Settled::Refused(Error::InvalidKey { .. })), "{:?}", settled[5]);
+    assert!(matches!(settled[6], Settled::InProgress), "{:?}", settled[6]);
+    let plan = AckPlan::of(&settled);
+    assert_eq!(plan.ack, vec![0, 2]);
+    assert_eq!(plan.requeue, vec![1, 3, 6]);
+    assert_eq!(plan.dead_letter, vec![4, 5]);
+    assert_eq!(settled[5].ack(), Ack::DeadLetter);
+
+    // What the store kept: new-1 replays, new-2 was released and runs again, busy is still held.
+    let replayed: R<u32> = idem.run(order("new-1"), || async { R::Ok(0) }).await;
+    assert_eq!(replayed.unwrap(), 100);
+    let rerun: R<u32> = idem.run(order("new-2"), || async { R::Ok(2) }).await;
+    assert_eq!(rerun.unwrap(), 2);
+    let held: R<u32> = idem.run(order("busy"), || async { R::Ok(3) }).await;
+    assert!(matches!(held, Err(AppError::Idem(Error::Conflict { .. }))), "{held:?}");
+}
+
+/// Eight batches on four clients claim the same 40 keys in different orders, at once, their
+/// bodies several at a time: every key's body runs exactly once, and every item of every batch
+/// is executed, replayed or in progress.
+async fn concurrent_batches_run_each_key_once(backend: Backend) {
+    let fx = Fixture::new(backend, 4).await;
+    let runs: Arc<Mutex<HashMap<usize, usize>>> = Arc::default();
+    let barrier = Arc::new(tokio::sync::Barrier::new(8));
+    let mut tasks = Vec::new();
+    for b in 0..8usize {
+        let (idem, runs, barrier) = (fx.idem(b % 4), runs.clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            let ids: Vec<usize> = (0..40).map(|i| (i * 7 + b * 13) % 40).collect();
+            barrier.wait().await;
+            let batch = idem.claim::<usize>(ids.iter().map(|id| order(&format!("race-{id}")))).await;
+            let settled = batch
+                .run(4, |i, _| {
+                    let (runs, id) = (runs.clone(), ids[i]);
+                    async move {
+                        *runs.lock().unwrap().entry(id).or_default() += 1;
+                        tokio::time::sleep(ms(20)).await;
+                        R::Ok(id)
+                    }
+                })
+                .await;
+            for (i, item) in settled.iter().enumerate() {
+                match item {
+                    Settled::Executed { value, stored: true } | Settled::Replayed(Ok(value)) => {
+                        assert_eq!(*value, ids[i])
+                    }
+                    Settled::InProgress => {}
+                    other => panic!("item {i}: {other:?}"),
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let runs = runs.lock().unwrap();
+    assert_eq!(runs.len(), 40, "some keys never ran: {runs:?}");
+    assert!(runs.values().all(|&n| n == 1), "a key ran twice: {runs:?}");
+}
+
+/// Lease 400 ms, five bodies of 250 ms in order (1.25 s): while the batch runs, a duplicate of
+/// its first item (done, waiting for the batch's commit) and of its last (not started) finds the
+/// key in progress every time: the watchdog renews every item's lease, not only the running one's.
+async fn leases_are_renewed_while_the_batch_runs(backend: Backend) {
+    let fx = Fixture::new(backend, 2).await;
+    let idem = fx.idem(0);
+    let other = fx.idem(1);
+    let call = |i: usize| Call::new(format!("slow-{i}")).ttl(ms(400));
+    let batch = idem.claim::<usize>((0..5).map(call)).await;
+    assert_eq!(batch.to_run(), 5);
+    let running = tokio::spawn(batch.run(1, |i, _| async move {
+        tokio::time::sleep(ms(250)).await;
+        R::Ok(i)
+    }));
+    let duplicates = counter();
+    for _ in 0..10 {
+        tokio::time::sleep(ms(100)).await;
+        if running.is_finished() {
+            break;
+        }
+        for i in [0, 4] {
+            let d = duplicates.clone();
+            let dup: R<usize> = other
+                .run(call(i), || async move {
+                    d.fetch_add(1, SeqCst);
+                    R::Ok(99)
+                })
+                .await;
+            assert!(matches!(dup, Err(AppError::Idem(Error::Conflict { .. })) | Ok(_)), "item {i}: {dup:?}");
+        }
+    }
+    let settled = running.await.unwrap();
+    assert_eq!(duplicates.load(SeqCst), 0, "a duplicate ran while the batch held its key");
+    for (i, item) in settled.iter().enumerate() {
+        assert!(matches!(item, Settled::Executed { value, stored: true } if *value == i), "{item:?}");
+    }
+}
+
+/// A batch dropped mid-run (a consumer cancelled): the item whose body returned is stored, the
+/// running one and the one never started are released, all in the background.
+async fn a_dropped_batch_releases_its_keys_and_stores_its_results(backend: Backend) {
+    let fx = Fixture::new(backend, 1).await;
+    let idem = fx.idem(0);
+    let batch = idem.claim::<u32>((0..3).map(|i| order(&format!("dropped-{i}")))).await;
+    assert_eq!(batch.to_run(), 3);
+    let cancelled = tokio::time::timeout(
+        ms(300),
+        batch.run(1, |i, _| async move {
+            if i > 0 {
+                tokio::time::sleep(Duration::from_secs(60)).await;
+            }
+            R::Ok(10 + i as u32)
+        }),
+    )
+    .await;
+    assert!(cancelled.is_err(), "the batch was not cancelled");
+    // Leases are 30 s: each answer within a few seconds proves the background work.
+    for (i, expected) in [(0, 10), (1, 21), (2, 22)] {
+        let value = eventually(Duration::from_secs(5), "the dropped batch's keys", || async {
+            match idem.run(order(&format!("dropped-{i}")), || async { R::Ok(20 + i) }).await {
+                Ok(v) => Some(v),
+                Err(AppError::Idem(Error::Conflict { .. })) => None,
+                Err(e) => panic!("{e:?}"),
+            }
+        })
+        .await;
+        assert_eq!(value, expected, "item {i}");
+    }
+}
+
+/// Every item's fence is its own and read as one call's is; a batch claiming a key again after
+/// it was released gets a larger fence.
+async fn fences_of_batch_items_are_their_own(backend: Backend) {
+    let fx = Fixture::new(backend, 1).await;
+    let idem = fx.idem(0);
+    let fences = |idem: Idempotency| async move {
+        let batch = idem.claim::<u64>((0..3).map(|i| order(&format!("fenced-{i}")))).await;
+        let settled: Vec<Settled<u64, AppError>> =
+            batch.run(3, |_, context| async move { Err(AppError::Failed(leak(context.fence().await.unwrap()))) }).await;
+        settled
+            .into_iter()
+            .map(|s| match s {
+                Settled::Failed(AppError::Failed(f)) => f.parse::<u64>().unwrap(),
+                other => panic!("{other:?}"),
+            })
+            .collect::<Vec<u64>>()
+    };
+    let first = fences(idem.clone()).await;
+    let second = fences(idem.clone()).await;
+    for i in 0..3 {
+        assert!(first[i] > 0 && second[i] > first[i], "fences {first:?} then {second:?}");
+    }
+}
+
+/// A fence as the `&'static str` an `AppError::Failed` carries.
+fn leak(fence: u64) -> &'static str {
+    Box::leak(fence.to_string().into_boxed_str())
+}
+
+/// On a standalone Redis server (one connection): a batch of 100 new keys is claimed in one
+/// command and committed in one; one whose bodies all fail is released in one. On a cluster, one
+/// command per hash slot: 100 keys under one hash tag are one command.
+mod round_trips {
+    use super::*;
+
+    /// The commands the server ran while 100 new keys were claimed and committed, then 100 more
+    /// claimed and released: (name, calls) sorted, the server's own `INFO` left out. Commands a
+    /// script runs count as the server's too.
+    async fn counted(fx: &Fixture, keys: impl Fn(usize) -> String) -> Vec<(String, u64)> {
+        let idem = fx.idem(0);
+        let server = fx.server.as_ref().expect("a server of the test's own");
+        let before = server.command_calls();
+        let batch = idem.claim::<usize>((0..100).map(|i| Call::new(keys(i)))).await;
+        assert_eq!(batch.to_run(), 100);
+        let settled = batch.run(8, |i, _| async move { R::Ok(i) }).await;
+        assert!(settled.iter().all(|s| matches!(s, Settled::Executed { stored: true, .. })));
+        let batch = idem.claim::<usize>((100..200).map(|i| Call::new(keys(i)))).await;
+        let settled = batch.run(8, |_, _| async { R::<usize>::Err(AppError::Failed("no")) }).await;
+        assert!(settled.iter().all(|s| s.ack() == Ack::Requeue));
+        let after = server.command_calls();
+        let mut ran: Vec<(String, u64)> = after
+            .into_iter()
+            .map(|(name, n)| {
+                let was = before.get(&name).copied().unwrap_or(0);
+                (name, n - was)
+            })
+            .filter(|(name, n)| *n > 0 && name != "info")
+            .collect();
+        ran.sort();
+        ran
+    }
+
+    #[tokio::test]
+    async fn a_batch_is_one_command_to_claim_and_one_to_commit() {
+        let fx = Fixture::new(Backend::Redis, 1).await;
+        // Four script calls (claim + commit, claim + release), and nothing but what the scripts
+        // run inside: per key claimed a GET, a SET and a TIME (its fence); per key committed a
+        // GET and a SET; per key released a GET and a DEL. A command sent per key would show.
+        let expected = [("del", 100), ("evalsha", 4), ("get", 400), ("set", 300), ("time", 200)];
+        let expected: Vec<(String, u64)> = expected.iter().map(|(n, c)| (n.to_string(), *c)).collect();
+        assert_eq!(counted(&fx, |i| format!("batch-{i}")).await, expected);
+    }
+}
