@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-use idempotency::{Call, CallContext, Force, Idempotency, MemoryStore, OnConflict, OnDuplicate};
+use idempotency::{Call, CallContext, Force, Idempotency, MemoryStore, OnConflict, OnDuplicate, Settled};
 use tokio::time::Instant;
 
 use crate::faults::Faulty;
@@ -214,6 +214,7 @@ pub async fn probe_every_key(schedule: &Schedule, idems: &[Idempotency], history
                 proc,
                 key,
                 lock,
+                batch: false,
                 token,
                 ttl_ms: PROBE_TTL_MS,
                 keep_ms: 1000,
@@ -339,6 +340,20 @@ async fn guarded(idem: &Idempotency, h: &History, id: CallId, spec: &CallSpec, t
             }
         }
     };
+    if spec.batch {
+        let batch = idem.claim::<String>([call]).await;
+        let mut body = Some(body);
+        let settled = batch.run(1, move |_, _| (body.take().expect("a batch of one runs one body"))()).await;
+        return match settled.into_iter().next().expect("a batch of one settles one item") {
+            Settled::Executed { value, stored } => Returned::Ok { value, replayed: false, cached: false, stored },
+            Settled::Replayed(Ok(value)) => Returned::Ok { value, replayed: true, cached: false, stored: true },
+            Settled::Failed(AppError::Body) => Returned::BodyErr,
+            Settled::Failed(AppError::Lib(e)) => Returned::Err(error_name(&e)),
+            // As one call that does not wait is told.
+            Settled::InProgress => Returned::Err("Conflict".into()),
+            Settled::Replayed(Err(e)) | Settled::Refused(e) | Settled::Unavailable(e) => Returned::Err(error_name(&e)),
+        };
+    }
     match idem.run_with_outcome(call, body).await {
         Ok((value, outcome)) => {
             Returned::Ok { value, replayed: outcome.replayed, cached: outcome.attempts == 0, stored: outcome.stored }

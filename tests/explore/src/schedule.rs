@@ -24,6 +24,11 @@ pub struct CallSpec {
     pub key: usize,
     /// A lock guard (`Idempotency::lock`) instead of a guarded call.
     pub lock: bool,
+    /// Through a batch of one (`Idempotency::claim`, then `Batch::run`) instead of `run`: the
+    /// store's batch transitions and the batch's own windows (its claim, its drop guard, its
+    /// commit) under the faults. A batch never waits (`wait_ms` is `None`), and a process with a
+    /// replay cache makes none (a batch's item does not say whether its replay came from it).
+    pub batch: bool,
     /// Token mode: the call's key is a token process 0 issued for key `key` at the start (every
     /// process must take it: they share the store's token secret).
     pub token: bool,
@@ -149,7 +154,13 @@ fn call(procs: usize, keys: usize) -> impl Strategy<Value = CallSpec> {
             at(2000),
             0..procs,
             0..keys,
-            prop_oneof![17 => Just((false, false)), 3 => Just((true, false)), 3 => Just((false, true))],
+            prop_oneof![
+                17 => Just((false, false, false)),
+                3 => Just((true, false, false)),
+                3 => Just((false, true, false)),
+                3 => Just((false, false, true)),
+                1 => Just((false, true, true)),
+            ],
         ),
         (ttl(), keep(), prop::option::weighted(0.3, at(1500)), prop::bool::weighted(0.15)),
         (prop::bool::weighted(0.3), prop::bool::weighted(0.9), prop::option::weighted(0.6, at(600))),
@@ -157,7 +168,7 @@ fn call(procs: usize, keys: usize) -> impl Strategy<Value = CallSpec> {
     )
         .prop_map(
             |(
-                (at_ms, proc, key, (lock, token)),
+                (at_ms, proc, key, (lock, token, batch)),
                 (ttl_ms, keep_ms, wait_ms, reject),
                 (abort, renew, fence_ms),
                 (steps_ms, end, cancel_ms),
@@ -167,6 +178,7 @@ fn call(procs: usize, keys: usize) -> impl Strategy<Value = CallSpec> {
                     proc,
                     key,
                     lock,
+                    batch,
                     token,
                     ttl_ms,
                     keep_ms,
@@ -216,14 +228,19 @@ pub fn schedule() -> impl Strategy<Value = Schedule> {
             prop::bool::weighted(1.0 / 7.0),
         )
             .prop_map(|(caches, timeouts_ms, mut calls, faults, purges, losses, lock_line)| Schedule {
-                caches,
+                caches: caches.clone(),
                 timeouts_ms,
                 calls: {
-                    if lock_line {
-                        for c in &mut calls {
+                    for c in &mut calls {
+                        if lock_line {
                             c.lock = true;
                             c.token = false;
+                            c.batch = false;
                             c.wait_ms.get_or_insert(800);
+                        }
+                        if c.batch {
+                            c.wait_ms = None;
+                            c.batch = !caches[c.proc];
                         }
                     }
                     calls
@@ -287,6 +304,10 @@ impl fmt::Display for Schedule {
         for (i, c) in self.calls.iter().enumerate() {
             let what = if c.lock {
                 "lock"
+            } else if c.batch && c.token {
+                "token batch"
+            } else if c.batch {
+                "batch"
             } else if c.token {
                 "token call"
             } else {

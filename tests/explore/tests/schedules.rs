@@ -12,6 +12,7 @@ fn call(at_ms: u64, proc: usize) -> CallSpec {
         proc,
         key: 0,
         lock: false,
+        batch: false,
         token: false,
         ttl_ms: 1000,
         keep_ms: 5000,
