@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idempotency::store::AcquireRequest;
-use idempotency::{Ack, AckPlan, Call, Error, Idempotency, Settled, Store};
+use idempotency::{Ack, AckPlan, Call, Error, Idempotency, Settled};
 use support::{counter, eventually, ms, AppError, Backend, Fixture, R};
 
 all_stores!(
@@ -20,6 +20,7 @@ all_stores!(
     concurrent_batches_run_each_key_once,
     leases_are_renewed_while_the_batch_runs,
     a_dropped_batch_releases_its_keys_and_stores_its_results,
+    a_panicking_body_unwinds_and_the_batch_cleans_up,
     fences_of_batch_items_are_their_own,
 );
 
@@ -204,17 +205,46 @@ async fn a_dropped_batch_releases_its_keys_and_stores_its_results(backend: Backe
     .await;
     assert!(cancelled.is_err(), "the batch was not cancelled");
     // Leases are 30 s: each answer within a few seconds proves the background work.
+    first_stored_then_released(&idem, "dropped").await;
+}
+
+/// Item 0 of the batch `prefix-{0,1,2}` was stored with 10; items 1 and 2 were released, so a
+/// later call runs them (20 + i), once the batch's background work is done.
+async fn first_stored_then_released(idem: &Idempotency, prefix: &str) {
     for (i, expected) in [(0, 10), (1, 21), (2, 22)] {
-        let value = eventually(Duration::from_secs(5), "the dropped batch's keys", || async {
-            match idem.run(order(&format!("dropped-{i}")), || async { R::Ok(20 + i) }).await {
+        let value = eventually(Duration::from_secs(5), "the batch's keys", || async {
+            match idem.run(order(&format!("{prefix}-{i}")), || async { R::Ok(20 + i) }).await {
                 Ok(v) => Some(v),
                 Err(AppError::Idem(Error::Conflict { .. })) => None,
                 Err(e) => panic!("{e:?}"),
             }
         })
         .await;
-        assert_eq!(value, expected, "item {i}");
+        assert_eq!(value, expected, "{prefix} item {i}");
     }
+}
+
+/// A body that panics: the panic reaches the caller; the item before it is stored and the one
+/// after it (never started) released, in the background.
+async fn a_panicking_body_unwinds_and_the_batch_cleans_up(backend: Backend) {
+    let fx = Fixture::new(backend, 1).await;
+    let idem = fx.idem(0);
+    let i2 = idem.clone();
+    let joined = tokio::spawn(async move {
+        let batch = i2.claim::<u32>((0..3).map(|i| order(&format!("panics-{i}")))).await;
+        batch
+            .run(1, |i, _| async move {
+                if i == 1 && std::hint::black_box(true) {
+                    panic!("boom in item 1");
+                }
+                R::Ok(10 + i as u32)
+            })
+            .await
+    })
+    .await;
+    let panic = joined.expect_err("the panic did not reach the caller").into_panic();
+    assert_eq!(panic.downcast_ref::<&str>(), Some(&"boom in item 1"));
+    first_stored_then_released(&idem, "panics").await;
 }
 
 /// Every item's fence is its own and read as one call's is; a batch claiming a key again after

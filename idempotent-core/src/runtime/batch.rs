@@ -226,7 +226,7 @@ where
     /// `Err` in another. An item whose lease was lost before its turn does not run
     /// ([`Settled::Unavailable`]); one whose lease is lost while its body runs is stopped there
     /// if its call says `abort_on_lease_lost`, as for one call. Answers, per item in order, what
-    /// became of it; [`AckPlan::of`] maps that onto a broker.
+    /// became of it; [`AckPlan::of`](super::AckPlan::of) maps that onto a broker.
     ///
     /// A panic of a body goes on unwinding: the batch, dropped, releases the keys it holds and
     /// stores the results returned so far, in the background. So does a batch dropped mid-run.
