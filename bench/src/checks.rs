@@ -196,3 +196,71 @@ pub async fn check_pg_round_trips(pg: &Pg) -> Vec<(&'static str, f64, f64)> {
     out.push(("pg transactional replay", per(n), 1.0));
     out
 }
+
+/// The path of a batch of 100 fresh keys, all run and committed.
+pub const BATCH_COMMITTED: &str = "batch of 100, every item committed";
+
+/// One batch of `n` fresh keys `{prefix}:{j}`, run; the items whose index `fails` picks return
+/// `Err` (released). Panics unless every item ran.
+async fn one_batch(idem: &Idempotency, prefix: &str, n: usize, fails: fn(usize) -> bool) {
+    let batch = idem.claim::<u64>((0..n).map(|j| Call::new(format!("{prefix}:{j}")))).await;
+    let settled = batch
+        .run(1, |j, _| async move {
+            if fails(j) {
+                Err(())
+            } else {
+                Ok(j as u64)
+            }
+        })
+        .await;
+    for (j, s) in settled.iter().enumerate() {
+        let ran = matches!(s, idempotency::Settled::Executed { .. } | idempotency::Settled::Failed(_));
+        assert!(ran, "batch item {prefix}:{j}: {s:?}");
+    }
+}
+
+/// Sequential, exact: the commands a batch of 100 costs on a standalone server (top-level
+/// commands, as `check_round_trips` counts them): one script call to claim, one to commit, one
+/// more to release when some items failed; every one of them a script call.
+pub async fn check_batch_round_trips(idem: &Idempotency, client: &Client) -> Vec<(&'static str, f64, f64)> {
+    const BATCHES: usize = 10;
+    one_batch(idem, "warm-batch", 4, |j| j == 0).await;
+    let top = TopLevel::of(client);
+    let records = format!("{}:", idempotency::store::redis::DEFAULT_PREFIX);
+    let per = |n: u64| n as f64 / BATCHES as f64;
+    let mut out = Vec::new();
+    let (n, scripts) = top
+        .count(&records, async {
+            for b in 0..BATCHES {
+                one_batch(idem, &format!("rt-batch:{b}"), 100, |_| false).await;
+            }
+        })
+        .await;
+    out.push((BATCH_COMMITTED, per(n), 2.0));
+    out.push(("batch of 100, every item committed: scripts", per(scripts), 2.0));
+    let (n, scripts) = top
+        .count(&records, async {
+            for b in 0..BATCHES {
+                one_batch(idem, &format!("rt-batch-err:{b}"), 100, |j| j % 2 == 1).await;
+            }
+        })
+        .await;
+    out.push(("batch of 100, half the items failed", per(n), 3.0));
+    out.push(("batch of 100, half the items failed: scripts", per(scripts), 3.0));
+    out
+}
+
+/// Sequential, exact: the round trips a batch of 100 costs on PostgreSQL, counted by the server.
+/// Today one statement per item for each transition (the batch transitions' defaults): 100 to
+/// claim, 100 to commit.
+pub async fn check_pg_batch_round_trips(pg: &Pg) -> Vec<(&'static str, f64, f64)> {
+    const BATCHES: usize = 5;
+    one_batch(&pg.idem, "warm-batch", 50, |j| j == 0).await;
+    let n = pg_count(&pg.counters, async {
+        for b in 0..BATCHES {
+            one_batch(&pg.idem, &format!("rt-batch:{b}"), 100, |_| false).await;
+        }
+    })
+    .await;
+    vec![("pg batch of 100, every item committed", n as f64 / BATCHES as f64, 200.0)]
+}

@@ -8,6 +8,7 @@
 //! cargo run --release -p idempotent-bench -- --check      # exact round-trip counts only (CI smoke test)
 //! cargo run --release -p idempotent-bench -- --redis redis://127.0.0.1:6379 --json
 //! cargo run --release -p idempotent-bench -- --no-postgres                     # Redis and memory rows only
+//! cargo run --release -p idempotent-bench -- --batches    # only the batch rows (queue consumers)
 //! bash scripts/instructions.sh     # client instructions per call (callgrind), ours against the baselines
 //! ```
 //!
@@ -27,12 +28,14 @@
 //!
 //! Its rooms: [`harness`] (rows, timing, the table), [`counters`] (what the servers count),
 //! [`ops`] (the operations timed), [`telemetry`], [`checks`] (the exact counts), [`redis_rows`],
-//! [`mod@pg_rows`], [`chart`], [`instructions`] (one path's calls, for callgrind to count).
+//! [`mod@pg_rows`], [`batch_rows`], [`chart`], [`instructions`] (one path's calls, for callgrind
+//! to count).
 
 #[path = "../../tests/support/mod.rs"]
 #[allow(unused_imports)]
 mod support;
 
+mod batch_rows;
 mod chart;
 mod checks;
 mod counters;
@@ -51,7 +54,10 @@ use idempotency::store::redis::fred::prelude::*;
 use idempotency::store::redis::CommitPath;
 use idempotency::{Call, Idempotency, MemoryStore, RedisStore};
 
-use crate::checks::{check_lock_handovers, check_pg_round_trips, check_round_trips};
+use crate::batch_rows::{against_per_message, batch_cases, BatchTarget, NaiveOn};
+use crate::checks::{
+    check_batch_round_trips, check_lock_handovers, check_pg_batch_round_trips, check_pg_round_trips, check_round_trips,
+};
 use crate::counters::{Counters, PgCounters};
 use crate::harness::{medians, print_table, Bench};
 use crate::ops::{complete_keys, floor_op, receipt, replay_op, Receipt, R};
@@ -70,6 +76,8 @@ struct Options {
     no_postgres: bool,
     short: bool,
     check: bool,
+    /// Only the batch rows.
+    batches: bool,
     json: bool,
     /// `--instructions PATH --ops N`: only run N calls of PATH (see `instructions`).
     instructions: Option<String>,
@@ -87,6 +95,7 @@ fn options() -> Options {
         no_postgres: false,
         short: false,
         check: false,
+        batches: false,
         json: false,
         instructions: None,
         ops: 1000,
@@ -103,6 +112,7 @@ fn options() -> Options {
             "--no-postgres" => o.no_postgres = true,
             "--short" => o.short = true,
             "--check" => o.check = true,
+            "--batches" => o.batches = true,
             "--json" => o.json = true,
             "--instructions" => o.instructions = args.next(),
             "--ops" => {
@@ -113,7 +123,7 @@ fn options() -> Options {
             }
             "-h" | "--help" => {
                 println!(
-                    "usage: bench [--short] [--check] [--json] [--chart FILE.svg] [--redis URL] \
+                    "usage: bench [--short] [--check | --batches] [--json] [--chart FILE.svg] [--redis URL] \
                      [--valkey URL | --no-valkey] [--postgres URL | --no-postgres]\n       \
                      bench --chart-from TABLE.txt [--chart FILE.svg]   (the chart of a saved run's table)\n       \
                      bench --instructions PATH --ops N --redis URL      (N calls of one path, for callgrind)"
@@ -171,6 +181,14 @@ async fn run(o: Options) {
             println!("{what}: {got:.2} per call (target {want}) {verdict}");
             checks.push((t.label, path, got, want));
         }
+        for (path, got, want) in check_batch_round_trips(&t.idem, &t.client).await {
+            let verdict = if (got - want).abs() < 1e-9 { "ok" } else { "WRONG" };
+            if verdict == "WRONG" {
+                wrong += 1;
+            }
+            println!("commands, {}, {path}: {got:.2} per batch (target {want}) {verdict}", t.label);
+            checks.push((t.label, path, got, want));
+        }
         for (path, got, most) in check_lock_handovers(&t.store).await {
             let verdict = if got <= most { "ok" } else { "WRONG" };
             if verdict == "WRONG" {
@@ -193,6 +211,13 @@ async fn run(o: Options) {
             }
             println!("round trips, pg, {path}: {got:.2} per call (target {want}) {verdict}");
         }
+        for (path, got, want) in check_pg_batch_round_trips(pg).await {
+            let verdict = if (got - want).abs() < 1e-9 { "ok" } else { "WRONG" };
+            if verdict == "WRONG" {
+                wrong += 1;
+            }
+            println!("round trips, pg, {path}: {got:.2} per batch (target {want}) {verdict}");
+        }
     }
     if o.check {
         if wrong > 0 {
@@ -200,6 +225,10 @@ async fn run(o: Options) {
             std::process::exit(1);
         }
         return;
+    }
+
+    if o.batches {
+        return batch_run(&o, &targets, pg.as_ref(), &checks).await;
     }
 
     let telemetry = Telemetry::install();
@@ -318,5 +347,65 @@ async fn run(o: Options) {
         for l in memory_lines {
             println!("{l}");
         }
+    }
+}
+
+/// `--batches`: the batch rows alone, on every server, each size in turn within every round.
+async fn batch_run(
+    o: &Options,
+    targets: &[Target],
+    pg: Option<&pg_rows::Pg>,
+    checks: &[(&'static str, &'static str, f64, f64)],
+) {
+    let rounds = if o.short { 1 } else { 3 };
+    let mut bench = Bench {
+        counters: targets.iter().map(|t| (t.label, Counters { client: t.client.clone() })).collect(),
+        pg: pg.map(|pg| PgCounters { pool: pg.counters.pool.clone(), postmaster: pg.counters.postmaster }),
+        rows: Vec::new(),
+        secs: Duration::from_millis(if o.short { 1000 } else { 2000 }),
+        exact: checks.to_vec(),
+    };
+    let exact = |label: &str, path: &str| checks.iter().find(|c| c.0 == label && c.1 == path).map(|c| c.2);
+    let mut servers: Vec<BatchTarget> = targets
+        .iter()
+        .map(|t| BatchTarget {
+            label: t.label,
+            idem: &t.idem,
+            naive: NaiveOn::Redis(t.client.clone()),
+            round_trips: Some((exact(t.label, checks::BATCH_COMMITTED).unwrap_or(f64::NAN), 2.0)),
+        })
+        .collect();
+    if let Some(pg) = pg {
+        servers.push(BatchTarget {
+            label: "pg",
+            idem: &pg.idem,
+            naive: NaiveOn::Pg(pg.store.pool().clone()),
+            round_trips: None,
+        });
+    }
+    for round in 0..rounds {
+        for t in &servers {
+            batch_cases(&mut bench, t, round).await;
+        }
+    }
+    bench.rows = medians(std::mem::take(&mut bench.rows));
+    if let Some(r) = bench.rows.iter().find(|r| r.failures > 0) {
+        eprintln!("{} batches of '{}' did not go as expected", r.failures, r.case);
+        std::process::exit(1);
+    }
+    if o.json {
+        println!("{}", serde_json::to_string_pretty(&bench.rows).unwrap());
+        return;
+    }
+    println!();
+    println!(
+        "Batch rows, one task, the median of {rounds} round(s) of {:?} each: ops/s are messages per second \
+         (a batch's messages over its time), p50/p99 and rt/op per batch, CPU per message.",
+        bench.secs
+    );
+    print_table(&bench.rows);
+    println!();
+    for line in against_per_message(&bench.rows) {
+        println!("{line}");
     }
 }

@@ -1,7 +1,9 @@
 //! A batch's transitions (`Store::acquire_many`, `commit_many`, `release_many`): the keys grouped
 //! by hash slot and connection, one call of the batch script (`lua/many.lua` around the one-key
 //! script) per group, every group sent at once. A standalone server with one connection takes a
-//! whole batch in one command; each key gets exactly what its one-key script would have done.
+//! whole batch in one command; each key gets exactly what its one-key transition would have done
+//! (a batch's acquire is the plain `SET NX GET` per key where a single call's would be:
+//! `claim.lua`).
 
 use fred::types::scripts::Script;
 
@@ -81,17 +83,14 @@ impl RedisStore {
         requests: &[AcquireRequest<'_>],
     ) -> Vec<Result<AcquireOutcome, StoreError>> {
         let keys: Vec<&str> = requests.iter().map(|r| r.key).collect();
-        let args = |i: usize, out: &mut Vec<Value>| {
-            let r = &requests[i];
-            out.extend([
-                r.owner.into(),
-                millis(r.lease).into(),
-                r.fingerprint.unwrap_or("").into(),
-                if r.will_wait { "1" } else { "0" }.into(),
-                if r.report_ttl { "1" } else { "0" }.into(),
-            ]);
+        // Nobody waits and no lifetime is asked for (no replay cache): the plain acquire per key
+        // (`claim.lua`), as `acquire_plain` makes it for one call; otherwise acquire.lua per key.
+        let plain = self.inner.plain_acquire && requests.iter().all(|r| !r.will_wait && !r.report_ttl);
+        let mut found = if plain {
+            self.claim_many(requests, &keys).await
+        } else {
+            self.acquire_scripts_many(requests, &keys).await
         };
-        let mut found = self.grouped("acquire", &scripts::ACQUIRE_MANY, &keys, 5, args, replies::acquire).await;
         // With replica acknowledgement: a key not durable enough to act on goes back, and says why.
         if self.inner.acks.is_some() {
             for (i, outcome) in found.iter_mut().enumerate() {
@@ -104,6 +103,61 @@ impl RedisStore {
             }
         }
         found
+    }
+
+    /// `claim.lua` per key: one `SET NX GET` each, the reply read as the plain acquire's. A key
+    /// holding something other than a string goes to acquire.lua, which names what it is.
+    async fn claim_many(
+        &self,
+        requests: &[AcquireRequest<'_>],
+        keys: &[&str],
+    ) -> Vec<Result<AcquireOutcome, StoreError>> {
+        let args = |i: usize, out: &mut Vec<Value>| {
+            let r = &requests[i];
+            out.extend([
+                record::pending(r.owner, r.fingerprint).as_str().into(),
+                millis(r.lease).into(),
+                if r.fence_now { "1" } else { "0" }.into(),
+            ]);
+        };
+        let read = |reply: Value| -> Result<Option<Value>, StoreError> {
+            let bad = |reply: &Value| StoreError::reply("acquire", format_args!("unexpected reply {reply:?}"));
+            match &reply {
+                Value::Array(items) if items.first().and_then(Value::as_i64) == Some(2) => Ok(None),
+                Value::Array(items) if items.len() == 2 => Ok(Some(reply)),
+                _ => Err(bad(&reply)),
+            }
+        };
+        let replies = self.grouped("acquire", &scripts::CLAIM_MANY, keys, 3, args, read).await;
+        let mut out = Vec::with_capacity(replies.len());
+        for (i, reply) in replies.into_iter().enumerate() {
+            let owner = requests[i].owner;
+            out.push(match reply {
+                Err(e) => Err(e),
+                Ok(None) => Box::pin(self.acquire_script(&requests[i])).await,
+                Ok(Some(Value::Array(items))) => match (items[0].as_i64(), &items[1]) {
+                    (Some(0), fence) => match fence.as_i64() {
+                        Some(fence) if fence >= 0 => Ok(AcquireOutcome::Acquired { fence: fence as u64 }),
+                        _ => Err(StoreError::reply("acquire", format_args!("unexpected fence {fence:?}"))),
+                    },
+                    (Some(1), Value::String(s)) => Ok(record::found(s.as_bytes(), owner, 0, None)),
+                    (Some(1), Value::Bytes(b)) => Ok(record::found(b, owner, 0, None)),
+                    (_, other) => Err(StoreError::reply("acquire", format_args!("unexpected reply {other:?}"))),
+                },
+                Ok(Some(other)) => Err(StoreError::reply("acquire", format_args!("unexpected reply {other:?}"))),
+            });
+        }
+        out
+    }
+
+    /// acquire.lua per key.
+    async fn acquire_scripts_many(
+        &self,
+        requests: &[AcquireRequest<'_>],
+        keys: &[&str],
+    ) -> Vec<Result<AcquireOutcome, StoreError>> {
+        let args = |i: usize, out: &mut Vec<Value>| out.extend(acquire_args(&requests[i]));
+        self.grouped("acquire", &scripts::ACQUIRE_MANY, keys, 5, args, replies::acquire).await
     }
 
     pub(super) async fn commit_many_inner(

@@ -274,16 +274,7 @@ impl RedisStore {
     }
 
     async fn acquire_script(&self, req: &AcquireRequest<'_>) -> Result<AcquireOutcome, StoreError> {
-        let args = || {
-            vec![
-                req.owner.into(),
-                millis(req.lease).into(),
-                req.fingerprint.unwrap_or("").into(),
-                if req.will_wait { "1" } else { "0" }.into(),
-                if req.report_ttl { "1" } else { "0" }.into(),
-            ]
-        };
-        replies::acquire(self.script("acquire", &scripts::ACQUIRE, req.key, args).await?)
+        replies::acquire(self.script("acquire", &scripts::ACQUIRE, req.key, || acquire_args(req).into()).await?)
     }
 
     async fn renew_inner(&self, leases: &[Lease<'_>]) -> Result<Vec<bool>, StoreError> {
@@ -659,6 +650,17 @@ mod without_tls {
             assert!(!e.to_string().contains("pw@"), "{e}");
         }
     }
+}
+
+/// acquire.lua's arguments for `req` (see the script).
+fn acquire_args(req: &AcquireRequest<'_>) -> [Value; 5] {
+    [
+        req.owner.into(),
+        millis(req.lease).into(),
+        req.fingerprint.unwrap_or("").into(),
+        if req.will_wait { "1" } else { "0" }.into(),
+        if req.report_ttl { "1" } else { "0" }.into(),
+    ]
 }
 
 #[cfg(test)]

@@ -45,13 +45,14 @@ pub(crate) static FORGET: Lazy<Script> = lua!("forget.lua");
 pub(crate) static INSPECT: Lazy<Script> = lua!("inspect.lua");
 pub(crate) static FENCE: Lazy<Script> = lua!("fence.lua");
 pub(crate) static ACQUIRE_MANY: Lazy<Script> = lua!(many "acquire.lua");
+pub(crate) static CLAIM_MANY: Lazy<Script> = lua!(many "claim.lua");
 pub(crate) static COMMIT_MANY: Lazy<Script> = lua!(many "commit.lua");
 pub(crate) static RELEASE_MANY: Lazy<Script> = lua!(many "release.lua");
 
 /// The scripts of every call's path, the fence read's and the batches', loaded when the store
 /// connects (`forget` and `inspect`, an operator's, are loaded on first use).
-pub(crate) fn all() -> [&'static Script; 8] {
-    [&ACQUIRE, &RENEW, &COMMIT, &RELEASE, &FENCE, &ACQUIRE_MANY, &COMMIT_MANY, &RELEASE_MANY]
+pub(crate) fn all() -> [&'static Script; 9] {
+    [&ACQUIRE, &RENEW, &COMMIT, &RELEASE, &FENCE, &ACQUIRE_MANY, &CLAIM_MANY, &COMMIT_MANY, &RELEASE_MANY]
 }
 
 /// Runs `script` on `client`: EVALSHA, then EVAL if the server does not know the script.
