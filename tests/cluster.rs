@@ -245,8 +245,8 @@ async fn slot_moved_between_calls_follows_moved() {
 /// fred 10.1 ends a client's routing task on the first ASK redirection; the store's supervisor
 /// (store/redis/supervise.rs) starts it again. Without the supervisor this test fails: every
 /// call after the first ASK times out, for good. With it, in about one run in four some calls
-/// around the restart still fail with "Max attempts reached" or time out before the client
-/// answers again.
+/// around the restart still fail with "Max attempts reached" or "Too many failed write
+/// attempts" (both `Unavailable`) or time out before the client answers again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slot_migrated_mid_run_follows_ask_and_moved() {
     let cluster = Arc::new(tokio::task::block_in_place(RedisCluster::start));

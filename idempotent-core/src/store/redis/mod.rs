@@ -498,6 +498,9 @@ async fn server_time(client: &Client, record_key: &str) -> Result<u64, Error> {
 }
 
 /// A fred error as a store error, with the kind a caller can act on.
+/// fred's message when a command's write attempts are used up (fred 10.1, `decr_check_attempted`).
+const WRITE_ATTEMPTS_EXHAUSTED: &str = "Too many failed write attempts.";
+
 pub(crate) fn store_error(op: &str, e: Error) -> StoreError {
     // The server refused a command to this user: a configuration matter (docs/security.md
     // lists the permissions the store needs); Redis's message names the command.
@@ -526,6 +529,10 @@ pub(crate) fn store_error(op: &str, e: Error) -> StoreError {
         // ended (the supervisor starts it again). Its fate is unknown, as with a dropped
         // connection.
         ErrorKind::Unknown if e.details() == "channel closed" => StoreErrorKind::Unavailable,
+        // fred gave up re-sending a command after its write attempts failed (connections
+        // dropped or redirected while a slot moves): the server is out of reach for the moment
+        // and the command may or may not have run, as with a dropped connection.
+        ErrorKind::Unknown if e.details() == WRITE_ATTEMPTS_EXHAUSTED => StoreErrorKind::Unavailable,
         // `ERR ...`: an argument or script error (Redis's other prefixes, OOM, BUSY, LOADING,
         // READONLY, TRYAGAIN, pass).
         _ if e.details().starts_with("ERR") => StoreErrorKind::Refused,
@@ -684,5 +691,21 @@ mod sizes {
         for (what, size) in [("acquire", acquire), ("commit", commit), ("release", release)] {
             assert!(size < 1024, "the {what} future takes {size} bytes");
         }
+    }
+}
+
+#[cfg(test)]
+mod errors {
+    use super::*;
+
+    /// A command fred stopped re-sending while a slot moved (its write attempts used up) is a
+    /// retryable unavailability, not a backend fault: the cluster test saw it during a slot
+    /// migration, where the caller's right answer is to try again.
+    #[test]
+    fn used_up_write_attempts_are_unavailable() {
+        let e = store_error("acquire", Error::new(ErrorKind::Unknown, WRITE_ATTEMPTS_EXHAUSTED));
+        assert_eq!(e.kind(), StoreErrorKind::Unavailable, "{e}");
+        let other = store_error("acquire", Error::new(ErrorKind::Unknown, "something else"));
+        assert_eq!(other.kind(), StoreErrorKind::Backend, "{other}");
     }
 }
