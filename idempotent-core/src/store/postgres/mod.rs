@@ -21,6 +21,7 @@ use super::{
 };
 use crate::error::{StoreError, StoreErrorKind};
 
+mod batch;
 mod builder;
 mod errors;
 mod flights;
@@ -458,6 +459,27 @@ impl Store for PgStore {
 
     fn watch<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Result<Watcher, StoreError>> {
         StoreFuture::new(self.watch_inner(key))
+    }
+
+    fn acquire_many<'a>(
+        &'a self,
+        requests: &'a [AcquireRequest<'a>],
+    ) -> StoreFuture<'a, Vec<Result<AcquireOutcome, StoreError>>> {
+        StoreFuture::new(self.acquire_many_inner(requests))
+    }
+
+    fn commit_many<'a>(
+        &'a self,
+        requests: &'a [CommitRequest<'a>],
+    ) -> StoreFuture<'a, Vec<Result<Transition, StoreError>>> {
+        StoreFuture::new(self.commit_many_inner(requests))
+    }
+
+    fn release_many<'a>(
+        &'a self,
+        releases: &'a [(&'a str, &'a str)],
+    ) -> StoreFuture<'a, Vec<Result<Transition, StoreError>>> {
+        StoreFuture::new(self.release_many_inner(releases))
     }
 
     /// Releases in the background, owner-checked. An acquire still in flight is left to its own

@@ -32,6 +32,10 @@ pub(crate) struct Statements {
     /// (`schema "public" already exists, skipping`, logged by sqlx at every start otherwise).
     pub(crate) migrate_quietly: String,
     pub(crate) acquire: String,
+    /// The batch transitions: `acquire`, `commit` and `remove` over arrays, one row per item.
+    pub(crate) acquire_many: String,
+    pub(crate) commit_many: String,
+    pub(crate) remove_many: String,
     pub(crate) renew: String,
     pub(crate) commit: String,
     pub(crate) remove: String,
@@ -203,7 +207,102 @@ impl Statements {
             AND expires_at <= statement_timestamp()"
         );
 
+        // The batch statements: each item as the one-key statement takes it, all in one statement,
+        // one row per item, `i` its index in the arrays. An item whose key another item of the
+        // same batch took in this statement (or whose row changed under the statement) gets no
+        // row, or 'X': the caller runs the statement again for those items.
+        // $1 keys, $2 owners, $3 fingerprints, $4 leases (ms), $5 indices. The keys come sorted,
+        // and rows are inserted in key order, so that two batches over the same keys wait for
+        // each other in one order (no deadlock between their inserts).
+        let lease_q = "statement_timestamp() + q.lease * interval '1 millisecond'";
+        let acquire_many = format!(
+            "WITH req AS (
+                SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::int[])
+                    AS q(key, owner, fingerprint, lease, i)
+            ), ins AS (
+                INSERT INTO {t} (key, state, owner, fingerprint, expires_at)
+                SELECT q.key, 'P', q.owner, q.fingerprint, {lease_q} FROM req q ORDER BY q.key
+                ON CONFLICT (key) DO NOTHING
+                RETURNING key, owner, {seq} AS fence
+            ), took AS (
+                UPDATE {t} AS r SET state = 'P', owner = q.owner, fence = NULL, fingerprint = q.fingerprint,
+                    result = NULL, stored_at = NULL, expires_at = {lease_q}, watched = false
+                FROM req q
+                WHERE r.key = q.key AND r.expires_at <= statement_timestamp()
+                    AND NOT EXISTS (SELECT FROM ins WHERE ins.key = q.key)
+                RETURNING r.key, r.owner, {seq} AS fence
+            )
+            SELECT q.i, 'A' AS found, ins.fence, NULL::text AS fingerprint, NULL::bytea AS result,
+                0::bigint AS left_ms, false AS watched, 0::bigint AS marked
+            FROM req q JOIN ins ON ins.key = q.key AND ins.owner = q.owner
+            UNION ALL
+            SELECT q.i, 'A', took.fence, NULL, NULL, 0, false, 0
+            FROM req q JOIN took ON took.key = q.key AND took.owner = q.owner
+            UNION ALL
+            SELECT q.i, CASE
+                    WHEN r.expires_at <= statement_timestamp() THEN 'X'
+                    WHEN r.state = 'P' AND r.owner = q.owner THEN 'A'
+                    ELSE r.state END,
+                CASE WHEN r.state = 'P' AND r.owner = q.owner AND r.expires_at > statement_timestamp() THEN {seq} END,
+                r.fingerprint, r.result, {left_r}, r.watched, 0
+            FROM req q JOIN {t} r ON r.key = q.key
+            WHERE NOT EXISTS (SELECT FROM ins WHERE ins.key = q.key)
+                AND NOT EXISTS (SELECT FROM took WHERE took.key = q.key)",
+            left_r = left("r.expires_at"),
+        );
+
+        // $1 keys, $2 owners, $3 fences, $4 fingerprints, $5 results, $6 keeps (ms, > 0), $7
+        // indices: `commit` per item. The row held by the owner (or expired, or completed by this
+        // acquisition already) is updated; an absent key is written; `done` per item.
+        let keep_q = "statement_timestamp() + q.keep * interval '1 millisecond'";
+        let commit_many = format!(
+            "WITH req AS (
+                SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bytea[], $6::bigint[], $7::int[])
+                    AS q(key, owner, fence, fingerprint, result, keep, i)
+            ), up AS (
+                UPDATE {t} AS r SET state = 'C', owner = NULL, fence = q.fence, fingerprint = q.fingerprint,
+                    result = q.result, stored_at = statement_timestamp(), expires_at = {keep_q}
+                FROM req q
+                WHERE r.key = q.key AND ((r.state = 'P' AND r.owner = q.owner) OR r.expires_at <= statement_timestamp()
+                    OR (r.state = 'C' AND r.fence = q.fence))
+                RETURNING r.key, q.owner, r.watched
+            ), ins AS (
+                INSERT INTO {t} (key, state, owner, fence, fingerprint, result, stored_at, expires_at)
+                SELECT q.key, 'C', NULL, q.fence, q.fingerprint, q.result, statement_timestamp(), {keep_q}
+                FROM req q WHERE NOT EXISTS (SELECT FROM {t} r WHERE r.key = q.key) ORDER BY q.key
+                ON CONFLICT (key) DO NOTHING
+                RETURNING key
+            ), notified AS (
+                SELECT pg_notify('{watch_channel}', key) FROM up WHERE watched
+            )
+            SELECT q.i, EXISTS (SELECT FROM up WHERE up.key = q.key AND up.owner = q.owner)
+                OR EXISTS (SELECT FROM ins WHERE ins.key = q.key) AS done, (SELECT count(*) FROM notified) AS notified
+            FROM req q"
+        );
+
+        // $1 keys, $2 owners, $3 indices: `remove` per item (`released`, `other` as there).
+        let remove_many = format!(
+            "WITH req AS (
+                SELECT * FROM unnest($1::text[], $2::text[], $3::int[]) AS q(key, owner, i)
+            ), gone AS (
+                DELETE FROM {t} AS r USING req q
+                WHERE r.key = q.key AND ((r.state = 'P' AND r.owner = q.owner) OR r.expires_at <= statement_timestamp())
+                RETURNING r.key, q.owner, r.watched,
+                    r.state = 'P' AND r.owner = q.owner AND r.expires_at > statement_timestamp() AS ours
+            ), notified AS (
+                SELECT pg_notify('{watch_channel}', key) FROM gone WHERE watched
+            )
+            SELECT q.i, EXISTS (SELECT FROM gone g WHERE g.key = q.key AND g.owner = q.owner AND g.ours) AS released,
+                EXISTS (SELECT FROM {t} r WHERE r.key = q.key AND r.expires_at > statement_timestamp()
+                    AND NOT (r.state = 'P' AND r.owner = q.owner)) AS other,
+                (SELECT count(*) FROM notified) AS notified
+            FROM req q"
+        );
+
         Statements {
+            acquire_many,
+            commit_many,
+            remove_many,
             migrate_quietly: format!("SET LOCAL client_min_messages = warning;\n{migrate}"),
             migrate,
             acquire,
