@@ -21,6 +21,7 @@ all_stores!(
     leases_are_renewed_while_the_batch_runs,
     a_dropped_batch_releases_its_keys_and_stores_its_results,
     a_panicking_body_unwinds_and_the_batch_cleans_up,
+    a_claim_dropped_in_flight_releases_what_it_took,
     fences_of_batch_items_are_their_own,
 );
 
@@ -206,6 +207,41 @@ async fn a_dropped_batch_releases_its_keys_and_stores_its_results(backend: Backe
     assert!(cancelled.is_err(), "the batch was not cancelled");
     // Leases are 30 s: each answer within a few seconds proves the background work.
     first_stored_then_released(&idem, "dropped").await;
+}
+
+/// A claim dropped while its round trip is in flight (a consumer cancelled, a timeout around the
+/// claim): whatever it took is released in the background, as one call's acquire is, so the keys
+/// are free again well before their 30 s lease ends and each body runs once, later.
+async fn a_claim_dropped_in_flight_releases_what_it_took(backend: Backend) {
+    let fx = Fixture::new(backend, 1).await;
+    let idem = fx.idem(0);
+    let keys: Vec<String> = (0..5).map(|i| format!("claim-dropped-{i}")).collect();
+    // Polled once (the claim sent), then dropped.
+    let dropped = tokio::time::timeout(Duration::ZERO, idem.claim::<u32>(keys.iter().map(|k| order(k)))).await;
+    // The memory store answers on the first poll: then the batch itself is dropped unrun.
+    drop(dropped);
+    let runs = counter();
+    for key in &keys {
+        let value = eventually(Duration::from_secs(5), "the dropped claim's keys", || {
+            let (runs, idem) = (runs.clone(), idem.clone());
+            async move {
+                let got = idem
+                    .run(order(key), || async move {
+                        runs.fetch_add(1, SeqCst);
+                        R::Ok(5)
+                    })
+                    .await;
+                match got {
+                    Ok(v) => Some(v),
+                    Err(AppError::Idem(Error::Conflict { .. })) => None,
+                    Err(e) => panic!("{key}: {e:?}"),
+                }
+            }
+        })
+        .await;
+        assert_eq!(value, 5, "{key}");
+    }
+    assert_eq!(runs.load(SeqCst), keys.len(), "each key's body ran once, after the dropped claim");
 }
 
 /// Item 0 of the batch `prefix-{0,1,2}` was stored with 10; items 1 and 2 were released, so a

@@ -28,6 +28,7 @@ use super::commit::PendingCommit;
 use super::pipeline::{replay, Prepared};
 use super::settled::{recorded, Settled};
 use super::state::{check_fingerprint, Held};
+use super::waiting::Abandon;
 use super::Idempotency;
 
 /// A batch whose keys are claimed ([`Idempotency::claim`]): the items won wait for
@@ -128,7 +129,19 @@ impl Idempotency {
             .collect();
         let generation = self.inner.cache_generation();
         let sent = Instant::now();
+        // Armed before the claim is sent, as one call's acquire is: a claim dropped while it is in
+        // flight has every key it may have taken released, owner-checked, in the background.
+        let abandon: Vec<Abandon<'_>> = going
+            .iter()
+            .map(|(_, _, go, owner)| Abandon {
+                store: Some(&self.inner.store),
+                key: &go.key,
+                owner: owner.as_str(),
+                lease: go.lease,
+            })
+            .collect();
         let found = if requests.is_empty() { Vec::new() } else { self.inner.store.acquire_many(&requests).await };
+        abandon.into_iter().for_each(Abandon::disarm);
         drop(requests);
         let answered = sent.elapsed();
         for ((index, call, go, owner), found) in going.into_iter().zip(found) {
