@@ -1,5 +1,6 @@
 //! `join_all`: futures run concurrently, their outputs in order (a store's calls to several
-//! nodes, a batch's retried commits), without a dependency for a dozen lines.
+//! nodes, a batch's retried commits), without a dependency for a dozen lines; and `one_by_one`,
+//! its sequential sibling (a batch transition sent one item after the other).
 
 use std::future::Future;
 use std::task::Poll;
@@ -23,4 +24,13 @@ pub(crate) async fn join_all<F: Future>(futs: impl IntoIterator<Item = F>) -> Ve
     })
     .await;
     futs.into_iter().filter_map(|(_, out)| out).collect()
+}
+
+/// Runs `f` on each item, one after the other; the outputs in order.
+pub(crate) async fn one_by_one<T: Copy, F: Future>(items: &[T], mut f: impl FnMut(T) -> F) -> Vec<F::Output> {
+    let mut out = Vec::with_capacity(items.len());
+    for &item in items {
+        out.push(f(item).await);
+    }
+    out
 }

@@ -43,7 +43,7 @@ pub(crate) use within::{within, Within};
 
 pub use background::MAX_BACKGROUND;
 pub use future::{BoxFuture, StoreFuture};
-pub(crate) use join::join_all;
+pub(crate) use join::{join_all, one_by_one};
 pub use view::{Forgotten, Inspected, RecordState, RecordView, ScanPage};
 
 /// What [`Store::follow_purges`] reports.
@@ -330,13 +330,7 @@ pub trait Store: Send + Sync + 'static {
         &'a self,
         requests: &'a [AcquireRequest<'a>],
     ) -> StoreFuture<'a, Vec<Result<AcquireOutcome, StoreError>>> {
-        StoreFuture::new(async move {
-            let mut out = Vec::with_capacity(requests.len());
-            for request in requests {
-                out.push(self.acquire(*request).await);
-            }
-            out
-        })
+        StoreFuture::new(one_by_one(requests, |request| self.acquire(request)))
     }
 
     /// Many commits at once, for a batch: per request, in order, what [`commit`](Self::commit)
@@ -345,13 +339,7 @@ pub trait Store: Send + Sync + 'static {
         &'a self,
         requests: &'a [CommitRequest<'a>],
     ) -> StoreFuture<'a, Vec<Result<Transition, StoreError>>> {
-        StoreFuture::new(async move {
-            let mut out = Vec::with_capacity(requests.len());
-            for request in requests {
-                out.push(self.commit(*request).await);
-            }
-            out
-        })
+        StoreFuture::new(one_by_one(requests, |request| self.commit(request)))
     }
 
     /// Many releases at once (key and owner each), for a batch: per release, in order, what
@@ -360,13 +348,7 @@ pub trait Store: Send + Sync + 'static {
         &'a self,
         releases: &'a [(&'a str, &'a str)],
     ) -> StoreFuture<'a, Vec<Result<Transition, StoreError>>> {
-        StoreFuture::new(async move {
-            let mut out = Vec::with_capacity(releases.len());
-            for (key, owner) in releases {
-                out.push(self.release(key, owner).await);
-            }
-            out
-        })
+        StoreFuture::new(one_by_one(releases, |(key, owner)| self.release(key, owner)))
     }
 
     /// A watcher woken when the key's record is committed or released. It must be in place

@@ -4,6 +4,7 @@
 //! that gives up mid-statement leaves the task to release what landed.
 
 use super::*;
+use crate::store::one_by_one;
 
 /// One item of a batch's acquire, owned by the statement's task.
 struct Item {
@@ -19,6 +20,22 @@ fn for_each<T>(n: usize, error: impl Fn() -> T) -> Vec<T> {
     (0..n).map(|_| error()).collect()
 }
 
+/// The item a batch statement's row answers: its column `i`, the item's position in the arrays
+/// (from 1, `WITH ORDINALITY`), as an index below `n`.
+fn item_of(op: &str, row: &PgRow, n: usize) -> Option<usize> {
+    match row.try_get::<i64, _>("i") {
+        Ok(i) if i >= 1 && (i as usize) <= n => Some(i as usize - 1),
+        Ok(i) => {
+            tracing::warn!(op, position = i, "idempotency batch statement: a row for no item");
+            None
+        }
+        Err(e) => {
+            tracing::warn!(op, error = %e, "idempotency batch statement: a row without its position");
+            None
+        }
+    }
+}
+
 /// PostgreSQL's `deadlock_detected` and `serialization_failure`: the statement was rolled back
 /// whole, and runs again.
 fn rolled_back(e: &sqlx::Error) -> bool {
@@ -32,11 +49,7 @@ impl PgStore {
     ) -> Vec<Result<AcquireOutcome, StoreError>> {
         // A caller that will wait marks rows watched: the one-key statement does that.
         if requests.len() < 2 || requests.iter().any(|r| r.will_wait) {
-            let mut out = Vec::with_capacity(requests.len());
-            for request in requests {
-                out.push(self.acquire_inner(*request).await);
-            }
-            return out;
+            return one_by_one(requests, |request| self.acquire_inner(request)).await;
         }
         let items: Vec<Item> = requests
             .iter()
@@ -74,20 +87,16 @@ impl PgStore {
             Ok(conn) => conn,
             Err(e) => return for_each(items.len(), || Err(Failed::unsent(StoreError::new(e.kind(), e.message())))),
         };
-        // In key order: two batches over the same keys then insert them in one order.
+        // The items the statement has not settled yet, by index.
         let mut pending: Vec<usize> = (0..items.len()).collect();
-        pending.sort_by(|&a, &b| items[a].key.cmp(&items[b].key));
         for _ in 0..8 {
-            let pick = |f: &dyn Fn(&Item) -> String| pending.iter().map(|&i| f(&items[i])).collect::<Vec<_>>();
-            let fingerprints: Vec<Option<&str>> = pending.iter().map(|&i| items[i].fingerprint.as_deref()).collect();
-            let leases: Vec<i64> = pending.iter().map(|&i| millis(items[i].lease)).collect();
-            let indices: Vec<i32> = pending.iter().map(|&i| i as i32).collect();
-            let query = sqlx::query(&self.inner.sql.acquire_many)
-                .bind(pick(&|item| stored(&item.key).into_owned()))
-                .bind(pick(&|item| item.owner.clone()))
-                .bind(fingerprints)
-                .bind(leases)
-                .bind(indices);
+            let sent = pending.iter().map(|&i| &items[i]);
+            let keys: Vec<String> = sent.clone().map(|item| stored(&item.key).into_owned()).collect();
+            let owners: Vec<&str> = sent.clone().map(|item| item.owner.as_str()).collect();
+            let fingerprints: Vec<Option<&str>> = sent.clone().map(|item| item.fingerprint.as_deref()).collect();
+            let leases: Vec<i64> = sent.map(|item| millis(item.lease)).collect();
+            let query =
+                sqlx::query(&self.inner.sql.acquire_many).bind(keys).bind(owners).bind(fingerprints).bind(leases);
             let rows = match tokio::time::timeout_at(deadline, query.fetch_all(&mut *conn)).await {
                 Err(_) => {
                     for &i in &pending {
@@ -112,17 +121,7 @@ impl PgStore {
                 Ok(Ok(rows)) => rows,
             };
             for row in &rows {
-                let i = match row.try_get::<i32, _>("i") {
-                    Ok(i) if (i as usize) < items.len() => i as usize,
-                    Ok(i) => {
-                        tracing::warn!(index = i, "idempotency batch acquire: a row for no item");
-                        continue;
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "idempotency batch acquire: a row without its index");
-                        continue;
-                    }
-                };
+                let Some(i) = item_of("acquire", row, pending.len()).map(|at| pending[at]) else { continue };
                 match found(Some(row), false) {
                     Ok(Some(outcome)) => out[i] = Some(Ok(outcome)),
                     Ok(None) => {}
@@ -153,11 +152,7 @@ impl PgStore {
     ) -> Vec<Result<Transition, StoreError>> {
         // A commit with nothing to keep deletes the row: the one-key path does that.
         if requests.len() < 2 || requests.iter().any(|r| r.keep.is_zero()) {
-            let mut out = Vec::with_capacity(requests.len());
-            for request in requests {
-                out.push(self.commit_inner(*request).await);
-            }
-            return out;
+            return one_by_one(requests, |request| self.commit_inner(request)).await;
         }
         let keys: Vec<String> = requests.iter().map(|r| stored(r.key).into_owned()).collect();
         let owners: Vec<&str> = requests.iter().map(|r| r.owner).collect();
@@ -165,15 +160,13 @@ impl PgStore {
         let fingerprints: Vec<Option<&str>> = requests.iter().map(|r| r.fingerprint).collect();
         let results: Vec<Option<&[u8]>> = requests.iter().map(|r| r.result).collect();
         let keeps: Vec<i64> = requests.iter().map(|r| millis(r.keep)).collect();
-        let indices: Vec<i32> = (0..requests.len() as i32).collect();
         let query = sqlx::query(&self.inner.sql.commit_many)
             .bind(keys)
             .bind(owners)
             .bind(fences)
             .bind(fingerprints)
             .bind(results)
-            .bind(keeps)
-            .bind(indices);
+            .bind(keeps);
         self.per_item("commit", &self.inner.pool, query, requests.len(), |row| {
             let done: bool = row.try_get("done").map_err(|e| pg_error("commit", e))?;
             Ok(if done { Transition::Done } else { Transition::Lost })
@@ -184,8 +177,7 @@ impl PgStore {
     pub(super) async fn release_many_inner(&self, releases: &[(&str, &str)]) -> Vec<Result<Transition, StoreError>> {
         let keys: Vec<String> = releases.iter().map(|r| stored(r.0).into_owned()).collect();
         let owners: Vec<&str> = releases.iter().map(|r| r.1).collect();
-        let indices: Vec<i32> = (0..releases.len() as i32).collect();
-        let query = sqlx::query(&self.inner.sql.remove_many).bind(keys).bind(owners).bind(indices);
+        let query = sqlx::query(&self.inner.sql.remove_many).bind(keys).bind(owners);
         self.per_item("release", &self.inner.control, query, releases.len(), |row| {
             let get = |name: &str| row.try_get::<bool, _>(name).map_err(|e| pg_error("release", e));
             // Ours went, or the key was absent: done. A live row of someone else's: lost.
@@ -194,7 +186,7 @@ impl PgStore {
         .await
     }
 
-    /// Runs a batch statement answering one row per item (`i` its index) and reads each with
+    /// Runs a batch statement answering one row per item (`i` its position) and reads each with
     /// `read`; the statement's error for every item if it fails.
     async fn per_item(
         &self,
@@ -210,9 +202,8 @@ impl PgStore {
         };
         let mut out: Vec<Option<Result<Transition, StoreError>>> = (0..n).map(|_| None).collect();
         for row in &rows {
-            match row.try_get::<i32, _>("i") {
-                Ok(i) if (i as usize) < n => out[i as usize] = Some(read(row)),
-                _ => tracing::warn!(op, "idempotency batch statement: a row for no item"),
+            if let Some(i) = item_of(op, row, n) {
+                out[i] = Some(read(row));
             }
         }
         out.into_iter().map(|o| o.unwrap_or_else(|| Err(StoreError::reply(op, "no row for the item")))).collect()

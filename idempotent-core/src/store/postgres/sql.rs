@@ -208,16 +208,16 @@ impl Statements {
         );
 
         // The batch statements: each item as the one-key statement takes it, all in one statement,
-        // one row per item, `i` its index in the arrays. An item whose key another item of the
-        // same batch took in this statement (or whose row changed under the statement) gets no
-        // row, or 'X': the caller runs the statement again for those items.
-        // $1 keys, $2 owners, $3 fingerprints, $4 leases (ms), $5 indices. The keys come sorted,
-        // and rows are inserted in key order, so that two batches over the same keys wait for
-        // each other in one order (no deadlock between their inserts).
+        // one row per item, `i` its position in the arrays (from 1). An item whose key another
+        // item of the same batch took in this statement (or whose row changed under the
+        // statement) gets no row, or 'X': the caller runs the statement again for those items.
+        // $1 keys, $2 owners, $3 fingerprints, $4 leases (ms). Rows are inserted in key order, so
+        // that two batches over the same keys wait for each other in one order (no deadlock
+        // between their inserts).
         let lease_q = "statement_timestamp() + q.lease * interval '1 millisecond'";
         let acquire_many = format!(
             "WITH req AS (
-                SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::int[])
+                SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[]) WITH ORDINALITY
                     AS q(key, owner, fingerprint, lease, i)
             ), ins AS (
                 INSERT INTO {t} (key, state, owner, fingerprint, expires_at)
@@ -251,14 +251,15 @@ impl Statements {
             left_r = left("r.expires_at"),
         );
 
-        // $1 keys, $2 owners, $3 fences, $4 fingerprints, $5 results, $6 keeps (ms, > 0), $7
-        // indices: `commit` per item. The row held by the owner (or expired, or completed by this
+        // $1 keys, $2 owners, $3 fences, $4 fingerprints, $5 results, $6 keeps (ms, > 0): `commit`
+        // per item (an UPDATE and an INSERT, where the one-key statement has one INSERT ... ON
+        // CONFLICT: its DO UPDATE checks the owner, which a completed row does not carry). The row held by the owner (or expired, or completed by this
         // acquisition already) is updated; an absent key is written; `done` per item.
         let keep_q = "statement_timestamp() + q.keep * interval '1 millisecond'";
         let commit_many = format!(
             "WITH req AS (
-                SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bytea[], $6::bigint[], $7::int[])
-                    AS q(key, owner, fence, fingerprint, result, keep, i)
+                SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bytea[], $6::bigint[])
+                    WITH ORDINALITY AS q(key, owner, fence, fingerprint, result, keep, i)
             ), up AS (
                 UPDATE {t} AS r SET state = 'C', owner = NULL, fence = q.fence, fingerprint = q.fingerprint,
                     result = q.result, stored_at = statement_timestamp(), expires_at = {keep_q}
@@ -280,10 +281,10 @@ impl Statements {
             FROM req q"
         );
 
-        // $1 keys, $2 owners, $3 indices: `remove` per item (`released`, `other` as there).
+        // $1 keys, $2 owners: `remove` per item (`released`, `other` as there).
         let remove_many = format!(
             "WITH req AS (
-                SELECT * FROM unnest($1::text[], $2::text[], $3::int[]) AS q(key, owner, i)
+                SELECT * FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS q(key, owner, i)
             ), gone AS (
                 DELETE FROM {t} AS r USING req q
                 WHERE r.key = q.key AND ((r.state = 'P' AND r.owner = q.owner) OR r.expires_at <= statement_timestamp())
