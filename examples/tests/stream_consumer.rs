@@ -211,11 +211,7 @@ fn every_order_applied_once_through_kill_9() {
 
     let (applied, pending, dead) = rt.block_on(async {
         let applied: BTreeMap<String, u64> = client.hgetall(EFFECTS).await.unwrap();
-        let summary: Value = client.xpending(STREAM, GROUP, ()).await.unwrap();
-        let pending = match summary {
-            Value::Array(parts) => parts.first().and_then(Value::as_u64).unwrap_or(0),
-            _ => 0,
-        };
+        let pending = consumer(&url, "probe").await.pending().await.unwrap();
         let dead: u64 = client.xlen(format!("{STREAM}:dead")).await.unwrap();
         (applied, pending, dead)
     });
@@ -238,4 +234,44 @@ fn every_order_applied_once_through_kill_9() {
         killed_bodies,
         twice.len()
     );
+}
+
+/// The example's two bad entries: an order re-used with another amount (the same key, another
+/// fingerprint) and an entry without a key. Each is copied to `<stream>:dead` and acked, not
+/// handed back for ever; the re-used order's first amount is the one applied.
+#[test]
+fn reused_and_keyless_entries_are_dead_lettered() {
+    let server = Server::start();
+    let url = format!("redis://127.0.0.1:{}", server.port);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let consumer = consumer(&url, "only").await;
+        consumer.create_group().await.unwrap();
+        let client = consumer.client.clone();
+        let entries =
+            [vec![("key", "o1"), ("amount", "10")], vec![("key", "o1"), ("amount", "11")], vec![("amount", "5")]];
+        for fields in entries {
+            let _: String = client.xadd(STREAM, false, None, "*", fields).await.unwrap();
+        }
+        let apply = |d: &Delivery| {
+            let (client, key, amount) = (client.clone(), d.key.clone(), d.amount);
+            async move { client.hincrby::<i64, _, _>(EFFECTS, &key, amount).await.map(|_| ()) }
+        };
+        let mut dead_in_polls = 0;
+        for _ in 0..20 {
+            let polled = consumer.poll(4, apply).await.unwrap();
+            dead_in_polls += polled.dead;
+            if polled.taken == 0 && consumer.pending().await.unwrap() == 0 {
+                break;
+            }
+        }
+        let applied: BTreeMap<String, i64> = client.hgetall(EFFECTS).await.unwrap();
+        assert_eq!(applied, BTreeMap::from([("o1".to_owned(), 10)]), "o1 applied once, with its first amount");
+        let dead: Vec<(String, BTreeMap<String, String>)> =
+            client.xrange(format!("{STREAM}:dead"), "-", "+", None).await.unwrap();
+        let dead_keys: Vec<&str> = dead.iter().map(|(_, f)| f.get("key").map_or("", String::as_str)).collect();
+        assert_eq!(dead_keys, ["o1", ""], "the re-used order and the keyless entry are dead-lettered: {dead:?}");
+        assert_eq!(dead_in_polls, 2, "the polls reported the two dead letters");
+        assert_eq!(consumer.pending().await.unwrap(), 0, "nothing is left pending");
+    });
 }
