@@ -268,8 +268,29 @@ pub async fn check_pg_batch_round_trips(pg: &Pg) -> Vec<(&'static str, f64, f64)
         }
     })
     .await;
+    one_tx_batch(&pg.store, &pg.idem, "warm-tx-batch", 10).await;
+    let tx = pg_count(&pg.counters, async {
+        for b in 0..BATCHES {
+            one_tx_batch(&pg.store, &pg.idem, &format!("rt-tx-batch:{b}"), 100).await;
+        }
+    })
+    .await;
     vec![
         ("pg batch of 100, every item committed", per(n), 2.0),
         ("pg batch of 100, half the items failed", per(failing), 3.0),
+        // The claim; BEGIN (with the first savepoint); one per item (its savepoint released, the
+        // next opened); the records' statement; COMMIT. Bodies that write nothing.
+        ("pg transactional batch of 100 (inbox)", per(tx), 104.0),
     ]
+}
+
+/// One batch of `n` fresh keys `{prefix}:{j}` run in one transaction with its records
+/// (`PgStore::run_batch_in_transaction`), bodies that write nothing. Panics unless every item ran.
+async fn one_tx_batch(store: &idempotency::PgStore, idem: &Idempotency, prefix: &str, n: usize) {
+    let batch = idem.claim::<u64>((0..n).map(|j| Call::new(format!("{prefix}:{j}")))).await;
+    let settled =
+        store.run_batch_in_transaction(batch, |tx, j, _| async move { (tx, Ok::<u64, Error>(j as u64)) }).await;
+    for (j, s) in settled.iter().enumerate() {
+        assert!(matches!(s, idempotency::Settled::Executed { stored: true, .. }), "batch item {prefix}:{j}: {s:?}");
+    }
 }

@@ -82,11 +82,13 @@ pub struct PgCounters {
 
 impl PgCounters {
     pub async fn read(&self) -> Counts {
-        // Statements, and the `SET LOCAL statement_timeout` a transactional body's `BEGIN` carries
-        // in the same message: a statement, not a round trip.
+        // Statements, and those sent in the same message as another, statements but not round
+        // trips: the `SET LOCAL statement_timeout` a transactional body's `BEGIN` carries, and the
+        // savepoint a transactional batch opens with its `BEGIN` or with an item's `RELEASE`.
         let row = sqlx::query(
             "SELECT coalesce(sum(calls), 0)::bigint, \
-                    coalesce(sum(calls) FILTER (WHERE query ILIKE 'SET LOCAL statement_timeout%'), 0)::bigint \
+                    coalesce(sum(calls) FILTER (WHERE query ILIKE 'SET LOCAL statement_timeout%' \
+                        OR query ILIKE 'SAVEPOINT idempotency_item%'), 0)::bigint \
              FROM pg_stat_statements \
              WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) \
                AND query NOT ILIKE '%pg_stat_statements%'",

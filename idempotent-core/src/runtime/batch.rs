@@ -35,12 +35,16 @@ use super::Idempotency;
 /// [`run`](Batch::run). Dropped without running (or while running), it releases every key it
 /// holds and stores every result its bodies returned, in the background.
 pub struct Batch<T> {
-    idem: Idempotency,
-    slots: Vec<Slot<T>>,
+    pub(super) idem: Idempotency,
+    pub(super) slots: Vec<Slot<T>>,
+    /// The bodies' effects live in the caller's transaction, not yet committed
+    /// ([`run_committing`](Batch::run_committing)): dropped, the batch releases the items that ran
+    /// instead of storing their results, since their effects go with the transaction.
+    pub(super) effects_uncommitted: bool,
 }
 
 /// One item of a batch, as it goes.
-enum Slot<T> {
+pub(super) enum Slot<T> {
     /// Claimed: the body may run.
     Held(Box<Holding>),
     /// The body returned a value: to commit.
@@ -52,17 +56,17 @@ enum Slot<T> {
 }
 
 /// A key the batch holds for an item.
-struct Holding {
-    call: Call,
-    held: Held,
-    registration: Registration,
+pub(super) struct Holding {
+    pub(super) call: Call,
+    pub(super) held: Held,
+    pub(super) registration: Registration,
 }
 
 /// An item whose body returned its value, to commit.
-struct Ran<T> {
-    holding: Holding,
-    value: T,
-    encoded: Encoded,
+pub(super) struct Ran<T> {
+    pub(super) holding: Holding,
+    pub(super) value: T,
+    pub(super) encoded: Encoded,
 }
 
 impl Idempotency {
@@ -202,7 +206,7 @@ impl Idempotency {
             };
             slots[index] = Slot::Settled(recorded(settled, &call));
         }
-        Batch { idem: self.clone(), slots }
+        Batch { idem: self.clone(), slots, effects_uncommitted: false }
     }
 }
 
@@ -313,11 +317,22 @@ where
     /// became of every item. Each item stays in the batch until the store has answered for it, so
     /// that a batch dropped meanwhile still releases or stores it.
     async fn finish<E>(mut self, failed: Vec<(usize, E)>, lost: Vec<(usize, Error)>) -> Vec<Settled<T, E>> {
+        let mut settled: Vec<Option<Settled<T, E>>> = (0..self.slots.len()).map(|_| None).collect();
+        self.release_unfinished(failed, lost, &mut settled).await;
+        self.commit_ran(&mut settled).await;
+        self.settle_rest(settled)
+    }
+
+    /// Releases the items whose body failed and the ones whose lease was lost, owner-checked, in
+    /// one round trip, and settles them.
+    pub(super) async fn release_unfinished<E>(
+        &mut self,
+        failed: Vec<(usize, E)>,
+        lost: Vec<(usize, Error)>,
+        settled: &mut [Option<Settled<T, E>>],
+    ) {
         let idem = self.idem.clone();
         let store = &idem.inner.store;
-        let mut settled: Vec<Option<Settled<T, E>>> = (0..self.slots.len()).map(|_| None).collect();
-
-        // Failed and lost: released, owner-checked, in one round trip.
         let releasing: Vec<usize> = failed.iter().map(|f| f.0).chain(lost.iter().map(|l| l.0)).collect();
         if !releasing.is_empty() {
             let held: Vec<&Held> = releasing.iter().map(|&i| &self.holding(i).held).collect();
@@ -344,8 +359,13 @@ where
             let holding = self.take_held(index);
             settled[index] = Some(recorded(Settled::Unavailable(e), &holding.call));
         }
+    }
 
-        // Completed: committed in one round trip; a commit that fails retries as one call's does.
+    /// Commits every item whose body returned its value, in one round trip; a commit that fails
+    /// retries as one call's does.
+    async fn commit_ran<E>(&mut self, settled: &mut [Option<Settled<T, E>>]) {
+        let idem = self.idem.clone();
+        let store = &idem.inner.store;
         let ran: Vec<usize> = (0..self.slots.len()).filter(|&i| matches!(self.slots[i], Slot::Ran(_))).collect();
         if !ran.is_empty() {
             let requests: Vec<CommitRequest<'_>> = ran
@@ -422,8 +442,10 @@ where
                 settled[index] = Some(item);
             }
         }
+    }
 
-        // The rest were settled at the claim.
+    /// Settles the items settled at the claim, and answers every item in order.
+    pub(super) fn settle_rest<E>(&mut self, mut settled: Vec<Option<Settled<T, E>>>) -> Vec<Settled<T, E>> {
         for (index, slot) in self.slots.iter_mut().enumerate() {
             if let Slot::Settled(_) = slot {
                 let Slot::Settled(s) = std::mem::replace(slot, Slot::Empty) else { unreachable!() };
@@ -449,7 +471,7 @@ where
     }
 
     /// Item `index`'s hold, taken out of the batch.
-    fn take_held(&mut self, index: usize) -> Holding {
+    pub(super) fn take_held(&mut self, index: usize) -> Holding {
         match std::mem::replace(&mut self.slots[index], Slot::Empty) {
             Slot::Held(h) => *h,
             _ => unreachable!("a released item is held"),
@@ -486,6 +508,11 @@ impl<T> Drop for Batch<T> {
                 Slot::Held(h) => {
                     tracing::warn!(key = %telemetry::logged_key(h.held.context.key()), "idempotency batch dropped before this item finished; releasing its key in the background");
                     store.clone().abandon(h.held.context.key(), h.held.context.owner(), h.held.lease);
+                }
+                Slot::Ran(r) if self.effects_uncommitted => {
+                    let held = &r.holding.held;
+                    tracing::warn!(key = %telemetry::logged_key(held.context.key()), "idempotency batch dropped before its transaction committed; releasing this item's key in the background");
+                    store.clone().abandon(held.context.key(), held.context.owner(), held.lease);
                 }
                 Slot::Ran(r) => {
                     let held = &r.holding.held;

@@ -17,6 +17,7 @@
 //! Lock guards (`crate::lock`) build on the same pieces.
 
 mod batch;
+mod batch_committing;
 mod builder;
 mod commit;
 mod operations;

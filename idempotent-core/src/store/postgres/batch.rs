@@ -22,7 +22,7 @@ fn for_each<T>(n: usize, error: impl Fn() -> T) -> Vec<T> {
 
 /// The item a batch statement's row answers: its column `i`, the item's position in the arrays
 /// (from 1, `WITH ORDINALITY`), as an index below `n`.
-fn item_of(op: &str, row: &PgRow, n: usize) -> Option<usize> {
+pub(super) fn item_of(op: &str, row: &PgRow, n: usize) -> Option<usize> {
     match row.try_get::<i64, _>("i") {
         Ok(i) if i >= 1 && (i as usize) <= n => Some(i as usize - 1),
         Ok(i) => {

@@ -25,6 +25,7 @@ mod batch;
 mod builder;
 mod errors;
 mod flights;
+mod inbox;
 mod listen;
 mod pools;
 mod rows;

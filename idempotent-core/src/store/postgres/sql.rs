@@ -41,6 +41,7 @@ pub(crate) struct Statements {
     pub(crate) remove: String,
     pub(crate) tx_commit: String,
     pub(crate) tx_remove: String,
+    pub(crate) tx_commit_many: String,
     pub(crate) inspect: String,
     pub(crate) forget: String,
     pub(crate) scan: String,
@@ -253,17 +254,21 @@ impl Statements {
 
         // $1 keys, $2 owners, $3 fences, $4 fingerprints, $5 results, $6 keeps (ms, > 0): `commit`
         // per item (an UPDATE and an INSERT, where the one-key statement has one INSERT ... ON
-        // CONFLICT: its DO UPDATE checks the owner, which a completed row does not carry). The row held by the owner (or expired, or completed by this
-        // acquisition already) is updated; an absent key is written; `done` per item.
+        // CONFLICT: its DO UPDATE checks the owner, which a completed row does not carry). The row
+        // held by the owner (or expired, or completed by this acquisition already) is updated; an absent key is written; `done` per item.
         let keep_q = "statement_timestamp() + q.keep * interval '1 millisecond'";
-        let commit_many = format!(
+        // The commits' items, and the update that completes those of them its WHERE picks.
+        let completing = format!(
             "WITH req AS (
                 SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bytea[], $6::bigint[])
                     WITH ORDINALITY AS q(key, owner, fence, fingerprint, result, keep, i)
             ), up AS (
                 UPDATE {t} AS r SET state = 'C', owner = NULL, fence = q.fence, fingerprint = q.fingerprint,
                     result = q.result, stored_at = statement_timestamp(), expires_at = {keep_q}
-                FROM req q
+                FROM req q"
+        );
+        let commit_many = format!(
+            "{completing}
                 WHERE r.key = q.key AND ((r.state = 'P' AND r.owner = q.owner) OR r.expires_at <= statement_timestamp()
                     OR (r.state = 'C' AND r.fence = q.fence))
                 RETURNING r.key, q.owner, r.watched
@@ -300,7 +305,27 @@ impl Statements {
             FROM req q"
         );
 
+        // In a batch's transaction, $1 keys, $2 owners, $3 fences, $4 fingerprints, $5 results,
+        // $6 keeps (ms; 0: the row goes): `tx_commit` or `tx_remove` per item, `done` per item.
+        let tx_commit_many = format!(
+            "{completing}
+                WHERE q.keep > 0 AND r.key = q.key AND r.state = 'P' AND r.owner = q.owner
+                RETURNING q.i, r.key, r.watched
+            ), gone AS (
+                DELETE FROM {t} AS r USING req q
+                WHERE q.keep = 0 AND r.key = q.key AND r.state = 'P' AND r.owner = q.owner
+                RETURNING q.i, r.key, r.watched
+            ), notified AS (
+                SELECT pg_notify('{watch_channel}', d.key)
+                FROM (SELECT key, watched FROM up UNION ALL SELECT key, watched FROM gone) d WHERE d.watched
+            )
+            SELECT q.i, EXISTS (SELECT FROM up WHERE up.i = q.i) OR EXISTS (SELECT FROM gone WHERE gone.i = q.i) AS done,
+                (SELECT count(*) FROM notified) AS notified
+            FROM req q"
+        );
+
         Statements {
+            tx_commit_many,
             acquire_many,
             commit_many,
             remove_many,

@@ -123,8 +123,15 @@ impl PgStore {
 
     /// A transaction on the store's pool, its statements under the transactional timeout.
     async fn begin(&self) -> Result<PgTransaction, StoreError> {
+        self.begin_then("").await
+    }
+
+    /// [`begin`](Self::begin) with `then` (statements) sent in the same message.
+    pub(super) async fn begin_then(&self, then: &str) -> Result<PgTransaction, StoreError> {
         let pool = &self.inner.pool;
-        pool.within("begin", pool.sqlx().begin_with(self.inner.begin.clone())).await
+        let statement =
+            if then.is_empty() { self.inner.begin.clone() } else { format!("{}; {then}", self.inner.begin) };
+        pool.within("begin", pool.sqlx().begin_with(statement)).await
     }
 
     /// Writes the completed record in `tx` (owner-checked) and commits; `Lost` (rolled back) when

@@ -1,0 +1,174 @@
+//! A batch whose bodies' effects and records commit together (`Batch::run_committing`): the
+//! bodies run one after the other, each handed the caller's state (a store's transaction) and
+//! handing it on; then every completed record goes to the caller's commit with that state, which
+//! writes them beside the effects and commits all at once, or nothing. The inbox pattern, for a
+//! store that can write records inside a transaction of its own (PostgreSQL:
+//! `PgStore::run_batch_in_transaction`).
+
+use std::future::Future;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::context::CallContext;
+use crate::error::{Error, StoreError, StoreErrorKind};
+use crate::store::{Completed, Transition};
+
+use super::batch::{Batch, Ran, Slot};
+use super::commit::replayable;
+use super::settled::{recorded, Settled};
+
+impl<T> Batch<T>
+where
+    T: Serialize + DeserializeOwned,
+{
+    /// Runs `body(state, index, context)` for every item won, one after the other (they share
+    /// `state`: one transaction has one connection), each under its call's context, and hands
+    /// `state` on from each body to the next; then hands `state` and every completed record to
+    /// `commit`, which writes the records beside the bodies' effects and commits them together.
+    /// [`run`](Self::run) is the batch that commits through the store instead.
+    ///
+    /// `commit` answers one [`Transition`] per record, in order. Every one `Done`: the effects and
+    /// the records are committed, and the items are [`Settled::Executed`]. Any other: `commit`
+    /// must have rolled everything back; the batch releases every item's key (owner-checked) and
+    /// settles each as [`Settled::Unavailable`] (`LeaseLost` for a record that was not this
+    /// batch's any more, `Corrupt` for one that was not a record, `Store` for the items rolled
+    /// back with them), so that their deliveries are handed back and run again. `Err`: nothing
+    /// was committed; likewise.
+    ///
+    /// A body's `Err` must leave `state` as it was before that body (the store's wrapper rolls
+    /// back to a savepoint): the item is released and the others go on. An item whose lease was
+    /// lost before its turn does not run; a lease lost while a body runs does not stop it (its
+    /// state is inside it): the commit, owner-checked, finds the loss. Dropped or unwinding before
+    /// `commit` has answered, the batch releases every key it holds, the ones whose bodies ran
+    /// too: their effects go with the state.
+    pub async fn run_committing<X, E, F, Fut, C, CFut>(mut self, state: X, mut body: F, commit: C) -> Vec<Settled<T, E>>
+    where
+        F: FnMut(X, usize, CallContext) -> Fut,
+        Fut: Future<Output = (X, Result<T, E>)>,
+        C: FnOnce(X, Vec<Completed>) -> CFut,
+        CFut: Future<Output = Result<Vec<Transition>, StoreError>>,
+    {
+        self.effects_uncommitted = true;
+        let max = self.idem.inner.max_result_bytes;
+        let mut state = state;
+        let mut failed: Vec<(usize, E)> = Vec::new();
+        let mut lost: Vec<(usize, Error)> = Vec::new();
+        for index in 0..self.slots.len() {
+            let Slot::Held(holding) = &self.slots[index] else { continue };
+            let context = holding.held.context.clone();
+            if context.is_lease_lost() {
+                let reason = "the lease was lost before the item's turn came: its body did not run";
+                lost.push((index, Error::LeaseLost { key: context.key().to_owned(), reason: reason.into() }));
+                continue;
+            }
+            let (handed_on, out) = context.clone().scope(body(state, index, context)).await;
+            state = handed_on;
+            match out {
+                Err(e) => failed.push((index, e)),
+                Ok(value) => {
+                    let holding = self.take_held(index);
+                    let encoded =
+                        crate::codec::encode(&value, max).unwrap_or_else(crate::codec::Encoded::NotReplayable);
+                    self.slots[index] = Slot::Ran(Box::new(Ran { holding, value, encoded }));
+                }
+            }
+        }
+        let mut settled: Vec<Option<Settled<T, E>>> = (0..self.slots.len()).map(|_| None).collect();
+        // The failed bodies' effects were rolled back to their savepoints: their keys go back now.
+        self.release_unfinished(failed, lost, &mut settled).await;
+
+        let ran: Vec<usize> = (0..self.slots.len()).filter(|&i| matches!(self.slots[i], Slot::Ran(_))).collect();
+        let completed: Vec<Completed> = ran
+            .iter()
+            .map(|&i| {
+                let Slot::Ran(r) = &mut self.slots[i] else { unreachable!("listed as ran") };
+                let held = &r.holding.held;
+                let key = held.context.key();
+                let encoded = std::mem::replace(&mut r.encoded, crate::codec::Encoded::NotReplayable(String::new()));
+                Completed {
+                    key: key.to_owned(),
+                    owner: held.context.owner().to_owned(),
+                    fence: held.context.fence_read().unwrap_or(0),
+                    keep: self.idem.keep_for(&r.holding.call, held),
+                    result: replayable(key, encoded),
+                    fingerprint: held.fingerprint.clone(),
+                }
+            })
+            .collect();
+        if completed.is_empty() {
+            // Nothing to write: the state (a transaction with no effect left) is dropped.
+            drop(state);
+            self.effects_uncommitted = false;
+            return self.settle_rest(settled);
+        }
+        let generation = self.idem.inner.cache_generation();
+        let sent = Instant::now();
+        let answer = commit(state, completed.clone()).await;
+        let all_done = matches!(&answer, Ok(t) if t.len() == ran.len() && t.iter().all(|t| *t == Transition::Done));
+        if all_done {
+            self.effects_uncommitted = false;
+            for (&index, record) in ran.iter().zip(&completed) {
+                let Slot::Ran(r) = std::mem::replace(&mut self.slots[index], Slot::Empty) else {
+                    unreachable!("listed as ran")
+                };
+                if let Some(bytes) = &record.result {
+                    let until = sent + record.keep;
+                    self.idem.inner.cache_put(&record.key, record.fingerprint.as_deref(), bytes, until, generation);
+                }
+                let item = Settled::Executed { value: r.value, stored: true };
+                settled[index] = Some(recorded(item, &r.holding.call));
+            }
+            return self.settle_rest(settled);
+        }
+
+        // Rolled back: every item that ran goes back, with why.
+        let why = |index_in_ran: usize, key: &str| -> Error {
+            match &answer {
+                Err(source) => {
+                    Error::Store { key: key.to_owned(), source: StoreError::new(source.kind(), source.message()) }
+                }
+                Ok(transitions) => match transitions.get(index_in_ran) {
+                    Some(Transition::Lost) => Error::LeaseLost {
+                        key: key.to_owned(),
+                        reason: "another owner took the key: the batch's writes were rolled back".into(),
+                    },
+                    Some(Transition::Corrupt { reason }) => {
+                        Error::Corrupt { key: key.to_owned(), reason: reason.clone() }
+                    }
+                    _ => {
+                        let others: Vec<&str> = ran_keys(&completed, transitions);
+                        Error::Store {
+                            key: key.to_owned(),
+                            source: StoreError::new(
+                                StoreErrorKind::Unavailable,
+                                format!(
+                                    "rolled back with the batch's transaction: the lease of {} was lost; run it again",
+                                    others.join(", ")
+                                ),
+                            ),
+                        }
+                    }
+                },
+            }
+        };
+        let rolled_back: Vec<(usize, Error)> =
+            ran.iter().enumerate().map(|(n, &index)| (index, why(n, &completed[n].key))).collect();
+        // Back to held, so that `release_unfinished` releases them as it does a lost lease.
+        for &index in &ran {
+            let Slot::Ran(r) = std::mem::replace(&mut self.slots[index], Slot::Empty) else {
+                unreachable!("listed as ran")
+            };
+            self.slots[index] = Slot::Held(Box::new(r.holding));
+        }
+        self.effects_uncommitted = false;
+        self.release_unfinished(Vec::new(), rolled_back, &mut settled).await;
+        self.settle_rest(settled)
+    }
+}
+
+/// The keys whose record `commit` did not find as this batch's.
+fn ran_keys<'a>(completed: &'a [Completed], transitions: &[Transition]) -> Vec<&'a str> {
+    completed.iter().zip(transitions).filter(|(_, t)| **t != Transition::Done).map(|(c, _)| c.key.as_str()).collect()
+}

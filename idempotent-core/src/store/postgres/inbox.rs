@@ -1,0 +1,175 @@
+//! The inbox pattern: a claimed batch's bodies write in one transaction of the store's database,
+//! each inside a savepoint of its own, and every completed record is written by one owner-checked
+//! statement over arrays in that same transaction, which then commits: the batch's effects and its
+//! records are durable together, or none of them (`PgStore::run_batch_in_transaction`).
+
+use std::future::Future;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::batch::item_of;
+use super::transaction::PgTransaction;
+use super::{fence_param, millis, pg_error, stored, PgStore};
+use crate::error::{Error, StoreError};
+use crate::runtime::{Batch, Settled};
+use crate::store::{within, Completed, Transition};
+use crate::CallContext;
+
+/// The savepoint each item's body writes under; `ROLLBACK TO` it undoes one body's writes and
+/// keeps it, `RELEASE` then a new one opens the next item's.
+const SAVEPOINT: &str = "SAVEPOINT idempotency_item";
+const NEXT_ITEM: &str = "RELEASE SAVEPOINT idempotency_item; SAVEPOINT idempotency_item";
+const UNDO_ITEM: &str = "ROLLBACK TO SAVEPOINT idempotency_item";
+
+impl PgStore {
+    /// Runs the bodies of the items `batch` won ([`Idempotency::claim`]) in one transaction, one
+    /// after the other, and commits their writes and their completed records together: every
+    /// message of a consumer's poll applied exactly once, or not at all (the inbox pattern).
+    ///
+    /// The batch must be claimed through an `Idempotency` on this store. Each body gets the
+    /// transaction (write on `&mut *tx`) and hands it back with its value. Its writes are inside a
+    /// savepoint: a body that returns `Err` has them rolled back and its key released, while the
+    /// others go on. Then one owner-checked statement turns every completed item's record from in
+    /// progress to completed in the transaction, which commits. If any record is not this batch's
+    /// any more (its lease ran out and another caller took it), or the commit fails, nothing of
+    /// the batch stays: every key is released and every item that ran is settled as
+    /// [`Settled::Unavailable`], to be handed back and run again. A batch dropped or unwinding
+    /// before the commit leaves nothing either: the transaction rolls back and the keys are
+    /// released in the background.
+    ///
+    /// One transaction has one connection, so the bodies run in order; its statements are under
+    /// the store's transactional timeout. Round trips besides the claim's and the bodies' own:
+    /// `BEGIN` (with the first savepoint) and one per item run (releasing its savepoint and
+    /// opening the next), then the records' statement and `COMMIT`: 104 for a batch of 100,
+    /// where one transactional call per message costs 5 each.
+    ///
+    /// [`Idempotency::claim`]: crate::Idempotency::claim
+    ///
+    /// ```no_run
+    /// # async fn f(store: idempotent_core::PgStore) {
+    /// use idempotent_core::store::postgres::sqlx;
+    /// use idempotent_core::{AckPlan, Call, Error, Idempotency};
+    ///
+    /// let idem = Idempotency::new(store.clone());
+    /// let deliveries = [("m1", 10_i64), ("m2", 20)];
+    /// let batch = idem.claim::<()>(deliveries.iter().map(|(id, _)| Call::new(*id).scope("payments"))).await;
+    /// let settled = store
+    ///     .run_batch_in_transaction(batch, |mut tx, i, _context| async move {
+    ///         let (id, amount) = deliveries[i];
+    ///         let done = sqlx::query("UPDATE accounts SET balance = balance + $2 WHERE id = $1")
+    ///             .bind(id)
+    ///             .bind(amount)
+    ///             .execute(&mut *tx)
+    ///             .await
+    ///             .map(|_| ())
+    ///             .map_err(|e| Error::InvalidCall { key: id.into(), reason: e.to_string() });
+    ///         (tx, done)
+    ///     })
+    ///     .await;
+    /// let plan = AckPlan::of(&settled); // ack, requeue, dead-letter: indices into the deliveries
+    /// # let _ = plan; }
+    /// ```
+    pub async fn run_batch_in_transaction<T, E, F, Fut>(&self, batch: Batch<T>, mut body: F) -> Vec<Settled<T, E>>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+        F: FnMut(PgTransaction, usize, CallContext) -> Fut,
+        Fut: Future<Output = (PgTransaction, Result<T, E>)>,
+    {
+        let begun = if batch.to_run() == 0 { Err(None) } else { self.begin_batch().await.map_err(Some) };
+        let tx = match begun {
+            Ok(tx) => tx,
+            // Nothing to run, or no transaction: every item won is released, and says why.
+            Err(cause) => {
+                let failed = move |_: usize, context: CallContext| {
+                    let source = cause.as_ref().map_or_else(
+                        || StoreError::new(crate::StoreErrorKind::Backend, "no transaction"),
+                        |e| StoreError::new(e.kind(), e.message()),
+                    );
+                    std::future::ready(Err(E::from(Error::Store { key: context.key().to_owned(), source })))
+                };
+                return batch.run(1, failed).await;
+            }
+        };
+        let each = move |tx: PgTransaction, index: usize, context: CallContext| {
+            let ran = body(tx, index, context.clone());
+            async move {
+                let (mut tx, out) = ran.await;
+                let (sql, out) = match out {
+                    Ok(value) => (NEXT_ITEM, Ok(value)),
+                    Err(e) => (UNDO_ITEM, Err(e)),
+                };
+                match sqlx::raw_sql(sql).execute(&mut *tx).await {
+                    Ok(_) => (tx, out),
+                    // The body left the transaction failed (an error it swallowed), or the
+                    // connection went: this item's writes cannot be kept apart from the others'.
+                    Err(e) => {
+                        let _ = sqlx::raw_sql(UNDO_ITEM).execute(&mut *tx).await;
+                        let source = pg_error("savepoint", e);
+                        (tx, Err(E::from(Error::Store { key: context.key().to_owned(), source })))
+                    }
+                }
+            }
+        };
+        batch.run_committing(tx, each, |tx, completed| self.commit_batch(tx, completed)).await
+    }
+
+    /// The batch's transaction, with its first item's savepoint open: one round trip.
+    async fn begin_batch(&self) -> Result<PgTransaction, StoreError> {
+        self.begin_then(SAVEPOINT).await
+    }
+
+    /// Writes every completed record in `tx` (owner-checked, one statement) and commits; rolls
+    /// back, answering which were not this batch's, when any was not.
+    async fn commit_batch(
+        &self,
+        mut tx: PgTransaction,
+        completed: Vec<Completed>,
+    ) -> Result<Vec<Transition>, StoreError> {
+        let n = completed.len();
+        let keys: Vec<String> = completed.iter().map(|c| stored(&c.key).into_owned()).collect();
+        let owners: Vec<&str> = completed.iter().map(|c| c.owner.as_str()).collect();
+        let fences: Vec<i64> = completed.iter().map(|c| fence_param(c.fence)).collect();
+        let fingerprints: Vec<Option<&str>> = completed.iter().map(|c| c.fingerprint.as_deref()).collect();
+        let results: Vec<Option<&[u8]>> = completed.iter().map(|c| c.result.as_deref()).collect();
+        let keeps: Vec<i64> = completed.iter().map(|c| millis(c.keep)).collect();
+        within("commit", self.inner.timeout, async {
+            let rows = sqlx::query(&self.inner.sql.tx_commit_many)
+                .bind(keys)
+                .bind(owners)
+                .bind(fences)
+                .bind(fingerprints)
+                .bind(results)
+                .bind(keeps)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(|e| pg_error("commit", e))?;
+            let mut done = vec![Transition::Lost; n];
+            for row in &rows {
+                let ours: bool = sqlx::Row::try_get(row, "done").map_err(|e| pg_error("commit", e))?;
+                if let (Some(i), true) = (item_of("commit", row, n), ours) {
+                    done[i] = Transition::Done;
+                }
+            }
+            if done.iter().any(|t| *t != Transition::Done) {
+                let lost: Vec<&str> = completed
+                    .iter()
+                    .zip(&done)
+                    .filter(|(_, t)| **t != Transition::Done)
+                    .map(|(c, _)| c.key.as_str())
+                    .collect();
+                tracing::warn!(
+                    keys = ?lost,
+                    "idempotency batch commit: keys not held by this batch any more (their leases ran out and they \
+                     were taken or reaped); the batch's transaction rolled back"
+                );
+                let _ = tx.rollback().await;
+                return Ok(done);
+            }
+            tx.commit().await.map_err(|e| pg_error("commit", e))?;
+            Ok(done)
+        })
+        .await
+    }
+}
