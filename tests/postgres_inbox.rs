@@ -153,6 +153,41 @@ async fn a_record_lost_before_the_commit_rolls_back_the_whole_batch() {
     assert_eq!(again.to_run(), 2, "both keys are free again");
 }
 
+/// While the first body runs, the second item's record is lost and another holder (a second
+/// consumer) claims its key: at the commit the record is there but not the batch's, so the whole
+/// transaction rolls back and the other holder's claim stands, not overwritten by this batch's
+/// completed record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_another_holder_took_before_the_commit_rolls_back_the_batch() {
+    let (store, schema) = shared_store().await;
+    let idem = Idempotency::new(store.clone());
+    let other = Idempotency::new(store.clone());
+    let taken = std::sync::Arc::new(tokio::sync::Mutex::new(None));
+    let batch = idem.claim::<u32>(calls(&["x", "y"], Duration::from_secs(10))).await;
+    let settled = store
+        .run_batch_in_transaction(batch, |mut tx, i, _| {
+            let (schema, store, other, taken) = (schema.clone(), store.clone(), other.clone(), taken.clone());
+            async move {
+                let out = insert_effect(&mut tx, &schema).await.map(|()| i as u32);
+                if i == 0 {
+                    tokio::task::block_in_place(|| delete_record(&store, "inbox:y"));
+                    let theirs = other.claim::<u32>(calls(&["y"], Duration::from_secs(10))).await;
+                    assert_eq!(theirs.to_run(), 1, "the other holder takes the free key");
+                    *taken.lock().await = Some(theirs);
+                }
+                (tx, out)
+            }
+        })
+        .await;
+    assert_eq!(names(&settled), ["unavailable", "unavailable"]);
+    assert!(effects(&store, &schema).await.is_empty(), "a write of the rolled-back batch stayed");
+    match idem.inspect("inbox", "y").await.unwrap() {
+        Inspected::Record(r) => assert_eq!(r.state, RecordState::InProgress, "the other holder's claim stands: {r:?}"),
+        other => panic!("the other holder's record is gone: {other:?}"),
+    }
+    drop(taken);
+}
+
 /// A batch dropped after its first body ran and while its second runs (a consumer shutting down,
 /// a timeout): the transaction rolls back, so the first item's record must not be stored as
 /// completed either. Its key is released, and run again it writes its effect once.
@@ -382,4 +417,46 @@ async fn kill_run(transactional: bool, seed: u64) -> KillRun {
         }
     }
     run
+}
+
+/// A consumer runs its loop in a task of its own: the batch's future is `Send`, so that
+/// `tokio::spawn` takes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_in_a_transaction_runs_in_a_spawned_task() {
+    let (store, schema) = shared_store().await;
+    let idem = Idempotency::new(store.clone());
+    let task = tokio::spawn(async move {
+        let batch = idem.claim::<u32>(calls(&["s0", "s1"], Duration::from_secs(10))).await;
+        let settled = store
+            .run_batch_in_transaction(batch, |mut tx, i, _| {
+                let schema = schema.clone();
+                async move {
+                    let out = insert_effect(&mut tx, &schema).await.map(|()| i as u32);
+                    (tx, out)
+                }
+            })
+            .await;
+        names(&settled)
+    });
+    assert_eq!(task.await.unwrap(), ["executed", "executed"]);
+}
+
+/// A body longer than its lease: the watchdog renews the lease while the transaction is open,
+/// and the batch commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_longer_than_its_lease_commits() {
+    let (store, schema) = shared_store().await;
+    let idem = Idempotency::new(store.clone());
+    let batch = idem.claim::<u32>(calls(&["long"], ms(300))).await;
+    let settled = store
+        .run_batch_in_transaction(batch, |mut tx, i, _| {
+            let schema = schema.clone();
+            async move {
+                let out = insert_effect(&mut tx, &schema).await.map(|()| i as u32);
+                tokio::time::sleep(ms(1200)).await;
+                (tx, out)
+            }
+        })
+        .await;
+    assert!(matches!(settled[0], Settled::Executed { stored: true, .. }), "{:?}", settled[0]);
 }

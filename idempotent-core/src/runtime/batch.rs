@@ -332,21 +332,24 @@ where
         settled: &mut [Option<Settled<T, E>>],
     ) {
         let idem = self.idem.clone();
-        let store = &idem.inner.store;
         let releasing: Vec<usize> = failed.iter().map(|f| f.0).chain(lost.iter().map(|l| l.0)).collect();
         if !releasing.is_empty() {
-            let held: Vec<&Held> = releasing.iter().map(|&i| &self.holding(i).held).collect();
-            let pairs: Vec<(&str, &str)> = held.iter().map(|h| (h.context.key(), h.context.owner())).collect();
-            for (h, released) in held.iter().zip(store.release_many(&pairs).await) {
-                let key = h.context.key();
+            // Owned, so that the future holds no borrow of the batch across the round trip (a
+            // borrow there makes the future of a caller's generic batch not `Send`).
+            let held = self.keys_held(&releasing);
+            let released = {
+                let pairs: Vec<(&str, &str)> = held.iter().map(|(k, o, _)| (k.as_str(), o.as_str())).collect();
+                idem.inner.store.release_many(&pairs).await
+            };
+            for ((key, owner, lease), released) in held.into_iter().zip(released) {
                 match released {
                     Ok(Transition::Done) => {}
                     Ok(other) => {
-                        tracing::warn!(key = %telemetry::logged_key(key), outcome = ?other, "idempotency release found the key not ours")
+                        tracing::warn!(key = %telemetry::logged_key(&key), outcome = ?other, "idempotency release found the key not ours")
                     }
                     Err(e) => {
-                        tracing::warn!(key = %telemetry::logged_key(key), error = %e, "idempotency release failed; releasing in the background");
-                        idem.release_in_background(key, h.context.owner(), h.lease);
+                        tracing::warn!(key = %telemetry::logged_key(&key), error = %e, "idempotency release failed; releasing in the background");
+                        idem.release_in_background(&key, &owner, lease);
                     }
                 }
             }
@@ -460,6 +463,15 @@ where
             }
         }
         settled.into_iter().map(|s| s.expect("every item of a batch is settled")).collect()
+    }
+
+    /// The key, owner and lease of each item `indices` names, held.
+    fn keys_held(&self, indices: &[usize]) -> Vec<(String, String, std::time::Duration)> {
+        let of = |i: usize| {
+            let held = &self.holding(i).held;
+            (held.context.key().to_owned(), held.context.owner().to_owned(), held.lease)
+        };
+        indices.iter().map(|&i| of(i)).collect()
     }
 
     /// Item `index`'s hold, in place.

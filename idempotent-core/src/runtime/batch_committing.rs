@@ -80,23 +80,7 @@ where
         self.release_unfinished(failed, lost, &mut settled).await;
 
         let ran: Vec<usize> = (0..self.slots.len()).filter(|&i| matches!(self.slots[i], Slot::Ran(_))).collect();
-        let completed: Vec<Completed> = ran
-            .iter()
-            .map(|&i| {
-                let Slot::Ran(r) = &mut self.slots[i] else { unreachable!("listed as ran") };
-                let held = &r.holding.held;
-                let key = held.context.key();
-                let encoded = std::mem::replace(&mut r.encoded, crate::codec::Encoded::NotReplayable(String::new()));
-                Completed {
-                    key: key.to_owned(),
-                    owner: held.context.owner().to_owned(),
-                    fence: held.context.fence_read().unwrap_or(0),
-                    keep: self.idem.keep_for(&r.holding.call, held),
-                    result: replayable(key, encoded),
-                    fingerprint: held.fingerprint.clone(),
-                }
-            })
-            .collect();
+        let completed = self.records_of(&ran);
         if completed.is_empty() {
             // Nothing to write: the state (a transaction with no effect left) is dropped.
             drop(state);
@@ -109,52 +93,12 @@ where
         let all_done = matches!(&answer, Ok(t) if t.len() == ran.len() && t.iter().all(|t| *t == Transition::Done));
         if all_done {
             self.effects_uncommitted = false;
-            for (&index, record) in ran.iter().zip(&completed) {
-                let Slot::Ran(r) = std::mem::replace(&mut self.slots[index], Slot::Empty) else {
-                    unreachable!("listed as ran")
-                };
-                if let Some(bytes) = &record.result {
-                    let until = sent + record.keep;
-                    self.idem.inner.cache_put(&record.key, record.fingerprint.as_deref(), bytes, until, generation);
-                }
-                let item = Settled::Executed { value: r.value, stored: true };
-                settled[index] = Some(recorded(item, &r.holding.call));
-            }
+            self.settle_committed(&ran, &completed, sent, generation, &mut settled);
             return self.settle_rest(settled);
         }
 
         // Rolled back: every item that ran goes back, with why.
-        let why = |index_in_ran: usize, key: &str| -> Error {
-            match &answer {
-                Err(source) => {
-                    Error::Store { key: key.to_owned(), source: StoreError::new(source.kind(), source.message()) }
-                }
-                Ok(transitions) => match transitions.get(index_in_ran) {
-                    Some(Transition::Lost) => Error::LeaseLost {
-                        key: key.to_owned(),
-                        reason: "another owner took the key: the batch's writes were rolled back".into(),
-                    },
-                    Some(Transition::Corrupt { reason }) => {
-                        Error::Corrupt { key: key.to_owned(), reason: reason.clone() }
-                    }
-                    _ => {
-                        let others: Vec<&str> = ran_keys(&completed, transitions);
-                        Error::Store {
-                            key: key.to_owned(),
-                            source: StoreError::new(
-                                StoreErrorKind::Unavailable,
-                                format!(
-                                    "rolled back with the batch's transaction: the lease of {} was lost; run it again",
-                                    others.join(", ")
-                                ),
-                            ),
-                        }
-                    }
-                },
-            }
-        };
-        let rolled_back: Vec<(usize, Error)> =
-            ran.iter().enumerate().map(|(n, &index)| (index, why(n, &completed[n].key))).collect();
+        let rolled_back = rolled_back(&answer, &completed, &ran);
         // Back to held, so that `release_unfinished` releases them as it does a lost lease.
         for &index in &ran {
             let Slot::Ran(r) = std::mem::replace(&mut self.slots[index], Slot::Empty) else {
@@ -166,6 +110,79 @@ where
         self.release_unfinished(Vec::new(), rolled_back, &mut settled).await;
         self.settle_rest(settled)
     }
+}
+
+impl<T> Batch<T> {
+    /// The completed record of each item `ran` names (its body returned its value).
+    fn records_of(&mut self, ran: &[usize]) -> Vec<Completed> {
+        let mut records = Vec::with_capacity(ran.len());
+        for &i in ran {
+            let Slot::Ran(r) = &mut self.slots[i] else { unreachable!("listed as ran") };
+            let held = &r.holding.held;
+            let key = held.context.key();
+            let encoded = std::mem::replace(&mut r.encoded, crate::codec::Encoded::NotReplayable(String::new()));
+            records.push(Completed {
+                key: key.to_owned(),
+                owner: held.context.owner().to_owned(),
+                fence: held.context.fence_read().unwrap_or(0),
+                keep: self.idem.keep_for(&r.holding.call, held),
+                result: replayable(key, encoded),
+                fingerprint: held.fingerprint.clone(),
+            });
+        }
+        records
+    }
+
+    /// Settles the items `ran` names as executed and stored, their results in the replay cache.
+    fn settle_committed<E>(
+        &mut self,
+        ran: &[usize],
+        completed: &[Completed],
+        sent: Instant,
+        generation: u64,
+        settled: &mut [Option<Settled<T, E>>],
+    ) {
+        for (&index, record) in ran.iter().zip(completed) {
+            let Slot::Ran(r) = std::mem::replace(&mut self.slots[index], Slot::Empty) else {
+                unreachable!("listed as ran")
+            };
+            if let Some(bytes) = &record.result {
+                let until = sent + record.keep;
+                self.idem.inner.cache_put(&record.key, record.fingerprint.as_deref(), bytes, until, generation);
+            }
+            let item = Settled::Executed { value: r.value, stored: true };
+            settled[index] = Some(recorded(item, &r.holding.call));
+        }
+    }
+}
+
+/// Why each item that ran was rolled back with the batch, by its index: its own record not the
+/// batch's (`LeaseLost`, `Corrupt`), the commit's error, or another item's lost record.
+fn rolled_back(
+    answer: &Result<Vec<Transition>, StoreError>,
+    completed: &[Completed],
+    ran: &[usize],
+) -> Vec<(usize, Error)> {
+    let why = |n: usize| -> Error {
+        let key = completed[n].key.clone();
+        match answer {
+            Err(source) => Error::Store { key, source: StoreError::new(source.kind(), source.message()) },
+            Ok(transitions) => match transitions.get(n) {
+                Some(Transition::Lost) => Error::LeaseLost {
+                    key,
+                    reason: "another owner took the key: the batch's writes were rolled back".into(),
+                },
+                Some(Transition::Corrupt { reason }) => Error::Corrupt { key, reason: reason.clone() },
+                _ => {
+                    let lost = ran_keys(completed, transitions).join(", ");
+                    let message =
+                        format!("rolled back with the batch's transaction: the lease of {lost} was lost; run it again");
+                    Error::Store { key, source: StoreError::new(StoreErrorKind::Unavailable, message) }
+                }
+            },
+        }
+    };
+    ran.iter().enumerate().map(|(n, &index)| (index, why(n))).collect()
 }
 
 /// The keys whose record `commit` did not find as this batch's.

@@ -70,12 +70,12 @@ impl PgStore {
     /// let plan = AckPlan::of(&settled); // ack, requeue, dead-letter: indices into the deliveries
     /// # let _ = plan; }
     /// ```
-    pub async fn run_batch_in_transaction<T, E, F, Fut>(&self, batch: Batch<T>, mut body: F) -> Vec<Settled<T, E>>
+    pub async fn run_batch_in_transaction<'b, T, E, F, Fut>(&self, batch: Batch<T>, mut body: F) -> Vec<Settled<T, E>>
     where
-        T: Serialize + DeserializeOwned,
-        E: From<Error>,
+        T: Serialize + DeserializeOwned + Send + 'b,
+        E: From<Error> + Send + 'b,
         F: FnMut(PgTransaction, usize, CallContext) -> Fut,
-        Fut: Future<Output = (PgTransaction, Result<T, E>)>,
+        Fut: Future<Output = (PgTransaction, Result<T, E>)> + Send + 'b,
     {
         let begun = if batch.to_run() == 0 { Err(None) } else { self.begin_batch().await.map_err(Some) };
         let tx = match begun {
@@ -92,25 +92,12 @@ impl PgStore {
                 return batch.run(1, failed).await;
             }
         };
-        let each = move |tx: PgTransaction, index: usize, context: CallContext| {
+        // Boxed: the runtime's future then holds each body's future as one type, and stays
+        // `Send` for a caller that spawns it (a body's own borrows of its transaction, inside a
+        // generic caller's future, otherwise defeat the compiler's proof that it is).
+        let each = move |tx: PgTransaction, index: usize, context: CallContext| -> ItemFuture<'b, T, E> {
             let ran = body(tx, index, context.clone());
-            async move {
-                let (mut tx, out) = ran.await;
-                let (sql, out) = match out {
-                    Ok(value) => (NEXT_ITEM, Ok(value)),
-                    Err(e) => (UNDO_ITEM, Err(e)),
-                };
-                match sqlx::raw_sql(sql).execute(&mut *tx).await {
-                    Ok(_) => (tx, out),
-                    // The body left the transaction failed (an error it swallowed), or the
-                    // connection went: this item's writes cannot be kept apart from the others'.
-                    Err(e) => {
-                        let _ = sqlx::raw_sql(UNDO_ITEM).execute(&mut *tx).await;
-                        let source = pg_error("savepoint", e);
-                        (tx, Err(E::from(Error::Store { key: context.key().to_owned(), source })))
-                    }
-                }
-            }
+            Box::pin(item_done(ran, context))
         };
         batch.run_committing(tx, each, |tx, completed| self.commit_batch(tx, completed)).await
     }
@@ -172,4 +159,33 @@ impl PgStore {
         })
         .await
     }
+}
+
+/// An item's body and its savepoint's statement, as the batch holds it.
+type ItemFuture<'b, T, E> = crate::store::BoxFuture<'b, (PgTransaction, Result<T, E>)>;
+
+/// One item's body, then its savepoint: released and the next opened after `Ok`, rolled back to
+/// after `Err` (its writes undone, the others kept).
+async fn item_done<T, E: From<Error>>(
+    ran: impl Future<Output = (PgTransaction, Result<T, E>)>,
+    context: CallContext,
+) -> (PgTransaction, Result<T, E>) {
+    let (mut tx, out) = ran.await;
+    let sql = if out.is_ok() { NEXT_ITEM } else { UNDO_ITEM };
+    match simple(&mut tx, sql).await {
+        Ok(()) => (tx, out),
+        // The body left the transaction failed (an error it swallowed), or the connection went:
+        // this item's writes cannot be kept apart from the others'.
+        Err(e) => {
+            let _ = simple(&mut tx, UNDO_ITEM).await;
+            let source = pg_error("savepoint", e);
+            (tx, Err(E::from(Error::Store { key: context.key().to_owned(), source })))
+        }
+    }
+}
+
+/// Runs `sql` (statements without parameters, sent in one message) in `tx`.
+async fn simple(tx: &mut PgTransaction, sql: &'static str) -> Result<(), sqlx::Error> {
+    // A `&str` with no arguments goes by the simple query protocol, several statements at once.
+    sqlx::Executor::execute(&mut **tx, sql).await.map(|_| ())
 }
