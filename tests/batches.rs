@@ -23,6 +23,7 @@ all_stores!(
     a_panicking_body_unwinds_and_the_batch_cleans_up,
     a_claim_dropped_in_flight_releases_what_it_took,
     fences_of_batch_items_are_their_own,
+    the_first_copy_of_a_key_in_a_batch_is_the_one_that_runs,
 );
 
 fn order(id: &str) -> Call {
@@ -104,6 +105,42 @@ async fn each_item_is_answered_as_one_call_would_be(backend: Backend) {
     assert_eq!(rerun.unwrap(), 2);
     let held: R<u32> = idem.run(order("busy"), || async { R::Ok(3) }).await;
     assert!(matches!(held, Err(AppError::Idem(Error::Conflict { .. }))), "{held:?}");
+}
+
+/// A batch holding each of ten keys five times, each copy with a payload of its own (a producer
+/// that re-used its ids): the first copy of each key is the one that runs, as it would had the
+/// copies come one call after the other, whether the key was new or a crashed holder's; the
+/// later ones are refused as re-used keys.
+async fn the_first_copy_of_a_key_in_a_batch_is_the_one_that_runs(backend: Backend) {
+    let fx = Fixture::new(backend, 1).await;
+    let idem = fx.idem(0);
+    // Half the keys were held by a caller whose lease ran out: the batch takes them over.
+    for k in 0..5 {
+        let key = format!("orders:copy-{k}");
+        let crashed = AcquireRequest {
+            key: &key,
+            owner: "crashed",
+            lease: ms(50),
+            fingerprint: None,
+            will_wait: false,
+            report_ttl: false,
+            fence_now: false,
+        };
+        fx.store(0).acquire(crashed).await.unwrap();
+    }
+    tokio::time::sleep(ms(150)).await;
+    let calls = (0..50).map(|i| order(&format!("copy-{}", i % 10)).fingerprint(&i));
+    let batch = idem.claim::<u32>(calls).await;
+    let won: Vec<usize> = (0..50).filter(|&i| batch.context(i).is_some()).collect();
+    assert_eq!(won, (0..10).collect::<Vec<_>>(), "the first copies run");
+    let settled = batch.run(4, |i, _| async move { R::Ok(i as u32) }).await;
+    for (i, item) in settled.iter().enumerate().skip(10) {
+        assert!(matches!(item, Settled::Refused(Error::KeyReused { .. })), "item {i}: {item:?}");
+    }
+    for k in 0..10 {
+        let replayed: R<u32> = idem.run(order(&format!("copy-{k}")).fingerprint(&k), || async { R::Ok(99) }).await;
+        assert_eq!(replayed.unwrap(), k, "copy-{k} stored the first copy's result");
+    }
 }
 
 /// Eight batches on four clients claim the same 40 keys in different orders, at once, their

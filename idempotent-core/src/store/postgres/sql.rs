@@ -214,7 +214,9 @@ impl Statements {
         // statement) gets no row, or 'X': the caller runs the statement again for those items.
         // $1 keys, $2 owners, $3 fingerprints, $4 leases (ms). Rows are inserted in key order, so
         // that two batches over the same keys wait for each other in one order (no deadlock
-        // between their inserts).
+        // between their inserts), and the copies of one key in their batch's order, so that the
+        // first copy is the one that takes it (an expired record is taken by its key's first copy alone:
+        // an UPDATE joined to two rows would take either).
         let lease_q = "statement_timestamp() + q.lease * interval '1 millisecond'";
         let acquire_many = format!(
             "WITH req AS (
@@ -222,13 +224,13 @@ impl Statements {
                     AS q(key, owner, fingerprint, lease, i)
             ), ins AS (
                 INSERT INTO {t} (key, state, owner, fingerprint, expires_at)
-                SELECT q.key, 'P', q.owner, q.fingerprint, {lease_q} FROM req q ORDER BY q.key
+                SELECT q.key, 'P', q.owner, q.fingerprint, {lease_q} FROM req q ORDER BY q.key, q.i
                 ON CONFLICT (key) DO NOTHING
                 RETURNING key, owner, {seq} AS fence
             ), took AS (
                 UPDATE {t} AS r SET state = 'P', owner = q.owner, fence = NULL, fingerprint = q.fingerprint,
                     result = NULL, stored_at = NULL, expires_at = {lease_q}, watched = false
-                FROM req q
+                FROM (SELECT DISTINCT ON (key) * FROM req ORDER BY key, i) q
                 WHERE r.key = q.key AND r.expires_at <= statement_timestamp()
                     AND NOT EXISTS (SELECT FROM ins WHERE ins.key = q.key)
                 RETURNING r.key, r.owner, {seq} AS fence
