@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # The explorer: randomized schedules of calls, faults, purges and record losses against the
-# runtime, each history checked against docs/guarantees.md (I1-I8).
+# runtime, each history checked against docs/guarantees.md (I1-I9).
 #   bash scripts/explore.sh [--minutes N | --schedules N] [--seed S] [--invariant TEXT]
 #        [--store memory|model|redis|valkey|cluster|postgres|servers|all] [--plant BUG]
 # memory, model: the deterministic layer (tokio's paused clock; a seed replays exactly; the
 #   default is both). redis, valkey, cluster, postgres: the layer on real servers started here,
 #   faults from outside (tests/explore_servers.rs); servers: all four. all: both layers, side by
 #   side, each for the whole time.
-# --plant release-owner | late-acquire | no-refill: plants a known bug for the run (the owner
-#   check of lua/release.lua removed; a body started without looking at its lease; PostgreSQL
-#   pools that never refill in the background) and puts the source back afterwards: the run
+# --plant release-owner | late-acquire | no-refill | inbox-owner: plants a known bug for the run
+#   (the owner check of lua/release.lua removed; a body started without looking at its lease;
+#   PostgreSQL pools that never refill in the background; the owner check of the statement that
+#   writes a transactional batch's records removed) and puts the source back afterwards: the run
 #   must report a violation.
 # Prints each violation with its seed, the invariant, the schedule and its history (the
 # deterministic layer: the smallest schedule, shrunk), and as its last line `explored:
@@ -60,7 +61,11 @@ case "$plant" in
         planted=idempotent-core/src/store/postgres/pools.rs; cp "$planted" "$planted.orig"
         sed -i "s/if self.refilling.swap(true, Ordering::AcqRel) {/if true || self.refilling.swap(true, Ordering::AcqRel) {/" "$planted"
         grep -q "if true || self.refilling" "$planted" || { echo "explore: could not plant $plant" >&2; exit 2; } ;;
-    *) echo "explore: --plant $plant: release-owner, late-acquire or no-refill" >&2; exit 2 ;;
+    inbox-owner)
+        planted=idempotent-core/src/store/postgres/sql.rs; cp "$planted" "$planted.orig"
+        sed -i "s/WHERE q.keep > 0 AND r.key = q.key AND r.state = 'P' AND r.owner = q.owner/WHERE q.keep > 0 AND r.key = q.key/" "$planted"
+        grep -q "WHERE q.keep > 0 AND r.key = q.key$" "$planted" || { echo "explore: could not plant $plant" >&2; exit 2; } ;;
+    *) echo "explore: --plant $plant: release-owner, late-acquire, no-refill or inbox-owner" >&2; exit 2 ;;
 esac
 [ -n "$plant" ] && echo "explore: planted $plant in $planted (put back when the run ends)"
 

@@ -38,14 +38,18 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idempotency::{Idempotency, PgStore, RedisStore, Store};
+use idempotency::{Batch, Idempotency, PgStore, RedisStore, Settled, Store};
 use idempotent_explore::check::check;
-use idempotent_explore::history::{Event, History, Returned};
+use idempotent_explore::history::{Event, History, OpResult, Returned};
 use idempotent_explore::recorded::Recorded;
-use idempotent_explore::run::{full_key, one_call, probe_every_key, process_runtime, quiet_planned_panics};
+use idempotent_explore::run::{
+    full_key, one_call, probe_every_key, process_runtime, quiet_planned_panics, AppError, BoxedBody, InTransaction,
+};
 use idempotent_explore::schedule::{server_schedule, Crash, FaultKind, Schedule};
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+use std::future::Future;
+use std::pin::Pin;
 use support::postgres::PgCluster;
 use support::proxy::{Direction, Proxy};
 use support::{RedisCluster, RedisServer};
@@ -149,8 +153,8 @@ impl Server {
     }
 
     /// A store for one schedule (`n` names its records), through `relay` where there is one.
-    async fn store(&self, n: u64, relay: Option<&Proxy>, timeout: Duration, first: bool) -> Arc<dyn Store> {
-        self.connect(n, relay, timeout, first).await.0
+    async fn store(&self, n: u64, relay: Option<&Proxy>, timeout: Duration, first: bool) -> Connected {
+        self.connect(n, relay, timeout, first).await
     }
 
     /// The store, and the `RedisStore` it is on Redis (for record keys). Connecting is tried
@@ -158,13 +162,7 @@ impl Server {
     /// and a PostgreSQL pool opens its connections within 0.8 of the store's timeout (80 ms for
     /// the short one), which a backend started right after a crash-restart on a loaded machine
     /// can miss. A schedule that cannot start is no finding.
-    async fn connect(
-        &self,
-        n: u64,
-        relay: Option<&Proxy>,
-        timeout: Duration,
-        first: bool,
-    ) -> (Arc<dyn Store>, Option<RedisStore>) {
+    async fn connect(&self, n: u64, relay: Option<&Proxy>, timeout: Duration, first: bool) -> Connected {
         let mut tries = 0;
         loop {
             match self.try_connect(n, relay, timeout, first).await {
@@ -182,7 +180,7 @@ impl Server {
         relay: Option<&Proxy>,
         timeout: Duration,
         first: bool,
-    ) -> Result<(Arc<dyn Store>, Option<RedisStore>), String> {
+    ) -> Result<Connected, String> {
         let port = relay.map(|r| r.url().rsplit(':').next().unwrap().to_owned());
         match &self.kind {
             Kind::Redis(_) | Kind::Cluster(_) => {
@@ -193,7 +191,7 @@ impl Server {
                 };
                 let store = RedisStore::builder(&url).prefix(format!("ex{n}")).timeout(timeout).connect().await;
                 let store = store.map_err(|e| format!("connect to {url}: {e}"))?;
-                Ok((Arc::new(store.clone()), Some(store)))
+                Ok(Connected { store: Arc::new(store.clone()), redis: Some(store), in_transaction: None })
             }
             Kind::Postgres(_) => {
                 let p = port.unwrap_or_else(|| self.port().unwrap().to_string());
@@ -203,9 +201,41 @@ impl Server {
                     builder = builder.migrate();
                 }
                 let store = builder.connect().await.map_err(|e| format!("connect to {url}: {e}"))?;
-                Ok((Arc::new(store), None))
+                let in_transaction: Arc<dyn InTransaction> = Arc::new(PgInTransaction(store.clone()));
+                Ok(Connected { store: Arc::new(store), redis: None, in_transaction: Some(in_transaction) })
             }
         }
+    }
+}
+
+/// A process's connection to the server: the store, the `RedisStore` it is on Redis (for record
+/// keys), and on PostgreSQL its batches in one transaction with their records.
+struct Connected {
+    store: Arc<dyn Store>,
+    redis: Option<RedisStore>,
+    in_transaction: Option<Arc<dyn InTransaction>>,
+}
+
+/// PostgreSQL's inbox pattern (`PgStore::run_batch_in_transaction`) for the calls that ask for it.
+struct PgInTransaction(PgStore);
+
+impl InTransaction for PgInTransaction {
+    fn run_one<'a>(
+        &'a self,
+        batch: Batch<String>,
+        body: BoxedBody<'a>,
+    ) -> Pin<Box<dyn Future<Output = Settled<String, AppError>> + Send + 'a>> {
+        Box::pin(async move {
+            let mut body = Some(body);
+            let settled = self
+                .0
+                .run_batch_in_transaction(batch, move |tx, _, _| {
+                    let body = body.take().expect("a batch of one runs one body");
+                    async move { (tx, body.await) }
+                })
+                .await;
+            settled.into_iter().next().expect("a batch of one settles one item")
+        })
     }
 }
 
@@ -257,6 +287,9 @@ struct Stats {
     /// Documented exceptions the checker met (a record the server lost, a forced purge, ...).
     exceptions: BTreeMap<&'static str, usize>,
     violations: u64,
+    /// Batches of one run in a transaction with their records (PostgreSQL), and how many of them
+    /// committed.
+    in_transaction: (u64, u64),
 }
 
 /// What a run is asked for: how long, how many schedules at most, from which seed, and which
@@ -330,6 +363,13 @@ fn explore(server: Server, valkey: bool) {
             stats.schedules += 1;
             stats.calls += schedule.calls.len() as u64;
             let events = history.events();
+            for (_, e) in &events {
+                match e {
+                    Event::Invoke { transactional: true, .. } => stats.in_transaction.0 += 1,
+                    Event::OpAnswered { proc, result: OpResult::Done, .. } if *proc >= 1000 => stats.in_transaction.1 += 1,
+                    _ => {}
+                }
+            }
             let report = check(&events);
             for (name, n) in &report.exceptions {
                 *stats.exceptions.entry(name).or_default() += n;
@@ -366,6 +406,10 @@ fn explore(server: Server, valkey: bool) {
         "documented exceptions met on {name}: {}",
         if named.is_empty() { "none".into() } else { named.join(", ") }
     );
+    if stats.in_transaction.0 > 0 {
+        let (calls, committed) = stats.in_transaction;
+        println!("batches in one transaction with their records on {name}: {calls} calls, {committed} committed");
+    }
     println!(
         "explored on {name}: {} schedules, {} calls, {faults} faults, {} violations",
         stats.schedules, stats.calls, stats.violations
@@ -388,10 +432,14 @@ async fn play(
     // Connected while no other schedule stops or restarts the server.
     let quiet = server.quiet.read().await;
     let mut inner: Vec<Arc<dyn Store>> = Vec::new();
+    let mut in_transaction: Vec<Option<Arc<dyn InTransaction>>> = Vec::new();
     for (p, relay) in relays.iter().enumerate() {
-        inner.push(server.store(n, relay.as_ref(), ms(schedule.timeouts_ms[p]), p == 0).await);
+        let connected = server.store(n, relay.as_ref(), ms(schedule.timeouts_ms[p]), p == 0).await;
+        inner.push(connected.store);
+        in_transaction.push(connected.in_transaction);
     }
-    let (admin_store, admin_redis) = server.connect(n, None, Duration::from_secs(2), false).await;
+    let admin = server.connect(n, None, Duration::from_secs(2), false).await;
+    let (admin_store, admin_redis) = (admin.store, admin.redis);
     drop(quiet);
     let lives: Vec<Arc<Mutex<Life>>> = (0..procs)
         .map(|p| {
@@ -596,6 +644,7 @@ async fn play(
     for (id, spec) in schedule.calls.iter().enumerate() {
         let (life, h, spec, at) = (lives[spec.proc].clone(), history.clone(), spec.clone(), start + ms(spec.at_ms));
         let (timeout, tokens) = (ms(schedule.timeouts_ms[spec.proc]), tokens.clone());
+        let tx = in_transaction[spec.proc].clone();
         tasks.spawn(async move {
             tokio::time::sleep_until(at).await;
             let (idem, mut crashed) = {
@@ -604,7 +653,7 @@ async fn play(
                 (idem, l.crashed.subscribe())
             };
             tokio::select! {
-                _ = one_call(&idem, &h, id, &spec, timeout, false, &tokens) => {}
+                _ = one_call(&idem, &h, id, &spec, timeout, false, &tokens, tx.as_deref()) => {}
                 _ = crashed.wait_for(|c| *c) => h.record(Event::Return { call: id, returned: Returned::Cancelled }),
             }
         });

@@ -16,6 +16,10 @@
 //!   was told.
 //! - **I8** what no store can hold is refused before the body runs (`InvalidCall`), and a
 //!   genuine token is taken by every process on the store (never `InvalidToken`).
+//! - **I9** a batch whose effects commit with its records in one transaction commits only what
+//!   held its key from its acquisition to its commit: no acquisition sent after its own was
+//!   answered was answered before its body ended. (Its body's effects, real only if it commits,
+//!   are left out of I1.)
 //!
 //! Windows are judged by what the history proves, never by a guess: a store command landed
 //! somewhere between its sending and its answer, so a violation is reported only when every
@@ -73,6 +77,8 @@ struct CallInfo {
     probe: bool,
     unholdable: bool,
     token: bool,
+    /// Its body's effects commit with its record in one transaction, or not at all.
+    transactional: bool,
     bound: Duration,
     proc: usize,
     invoke: Micros,
@@ -137,7 +143,7 @@ fn read(events: &[(Micros, Event)]) -> Reading {
         last = *t;
         let t = *t * TICK + rank;
         match e {
-            Event::Invoke { call, proc, key, keep, lock, abort, bound, probe, unholdable, token } => {
+            Event::Invoke { call, proc, key, keep, lock, abort, bound, probe, unholdable, token, transactional } => {
                 calls.insert(
                     *call,
                     CallInfo {
@@ -149,6 +155,7 @@ fn read(events: &[(Micros, Event)]) -> Reading {
                         probe: *probe,
                         unholdable: *unholdable,
                         token: *token,
+                        transactional: *transactional,
                         bound: *bound,
                         proc: *proc,
                         invoke: t,
@@ -214,7 +221,7 @@ fn read(events: &[(Micros, Event)]) -> Reading {
     Reading { calls: calls.into_values().collect(), ops, purges, delivered, losses }
 }
 
-/// Checks `events` (a history, in time order) against I1 to I7.
+/// Checks `events` (a history, in time order) against I1 to I9.
 pub fn check(events: &[(Micros, Event)]) -> Report {
     let r = read(events);
     let mut report = Report::default();
@@ -235,6 +242,11 @@ pub fn check(events: &[(Micros, Event)]) -> Report {
         let xb = x.body.as_ref().expect("bodies have a body");
         for y in &bodies {
             if x.id == y.id || x.key != y.key {
+                continue;
+            }
+            // A transactional body's effects exist only if its transaction commits: I9 holds
+            // those to the key.
+            if x.transactional {
                 continue;
             }
             let yb = y.body.as_ref().expect("bodies have a body");
@@ -262,7 +274,9 @@ pub fn check(events: &[(Micros, Event)]) -> Report {
                 ),
             );
         }
-        if x.abort {
+        // A transactional body is not stopped on a loss (it holds the transaction): its
+        // effects are rolled back with it, which I9 holds it to.
+        if x.abort && !x.transactional {
             if let Some(told) = xb.told {
                 let after = xb
                     .effects
@@ -301,6 +315,40 @@ pub fn check(events: &[(Micros, Event)]) -> Report {
             })
             .next()
     };
+    // I9: a transactional call whose effects committed held its key from its acquisition to its
+    // commit: no acquisition sent after its own was answered was answered before its body ended
+    // (that acquisition took the key, and the commit, later, must have found it another's).
+    for x in bodies.iter().filter(|c| c.transactional) {
+        let Some((_, Returned::Ok { replayed: false, stored: true, .. })) = &x.returned else { continue };
+        let xb = x.body.as_ref().expect("a body");
+        let Some((_, x_acquired)) = acquired(&xb.owner) else { continue };
+        let Some((body_end, _)) = xb.end else { continue };
+        let other = r.ops.iter().find(|o| {
+            o.key == x.key
+                && o.kind == OpKind::Acquire
+                && o.owner != xb.owner
+                && o.sent > x_acquired
+                && matches!(&o.answer, Some((at, OpResult::Acquired { .. })) if *at < body_end)
+        });
+        if let Some(o) = other {
+            if taken_away(&x.key, x_acquired, body_end) {
+                *exceptions.entry("record taken away (store loss or forced purge)").or_default() += 1;
+                continue;
+            }
+            violation(
+                "I9",
+                &x.key,
+                format!(
+                    "call #{}'s transaction committed its effects, though another acquisition (sent at {} us) took \
+                     the key after its own and before its body ended at {} us",
+                    x.id,
+                    us(o.sent),
+                    us(body_end)
+                ),
+            );
+        }
+    }
+
     fn commits<'r>(ops: &'r [Op], owner: &'r str) -> impl Iterator<Item = &'r Op> + 'r {
         ops.iter().filter(move |o| o.kind == OpKind::Commit && o.owner == owner)
     }
@@ -551,6 +599,7 @@ mod tests {
                     probe: false,
                     unholdable: false,
                     token: false,
+                    transactional: false,
                 },
             )
         }
@@ -605,6 +654,45 @@ mod tests {
     fn i1_two_bodies_at_once() {
         let h = H::default().ran(0, 0, 1, 100, 0).ran(50 * MS, 1, 2, 100, 0);
         assert!(h.check().contains(&"I1"));
+    }
+
+    /// Call `call`'s invocation marked transactional.
+    fn transactional(mut h: H, call: CallId) -> H {
+        for (_, e) in &mut h.0 {
+            if let Event::Invoke { call: c, transactional, .. } = e {
+                if *c == call {
+                    *transactional = true;
+                }
+            }
+        }
+        h
+    }
+
+    #[test]
+    fn i1_leaves_a_rolled_back_transaction_out_and_i9_holds_a_committed_one() {
+        // Call 1 acts while call 0 holds the key: its effects count unless they were rolled back.
+        let overlapping = |returned: Returned| {
+            let h = H::default().ran(0, 0, 1, 100, 0).invoke(50 * MS, 1, 0);
+            let h = h.op(50 * MS, 50 * MS, 1, OpKind::Acquire, OpResult::Acquired { fence: 2 });
+            h.body(50 * MS, 150 * MS, 1, 2).ret(150 * MS, 1, returned)
+        };
+        let rolled_back = || Returned::Err("LeaseLost".into());
+        assert!(overlapping(rolled_back()).check().contains(&"I1"));
+        assert_eq!(transactional(overlapping(rolled_back()), 1).check(), Vec::<&str>::new());
+
+        // Call 0's transaction commits though call 1 took the key while its body ran.
+        let took_meanwhile = |returned: Returned| {
+            let h = H::default().invoke(0, 0, 1000).op(0, 0, 0, OpKind::Acquire, OpResult::Acquired { fence: 1 });
+            let h = h.at(0, Event::BodyStart { call: 0, owner: "o0".into(), fence: None, lost: false });
+            let h = h.op(50 * MS, 50 * MS, 1, OpKind::Acquire, OpResult::Acquired { fence: 2 });
+            let h = h.at(100 * MS, Event::BodyEnd { call: 0, end: BodyEnd::Ok("v0".into()) });
+            let commit = if matches!(returned, Returned::Ok { .. }) { OpResult::Done } else { OpResult::Lost };
+            let h = h.op(100 * MS, 120 * MS, 0, OpKind::Commit, commit);
+            transactional(h.ret(120 * MS, 0, returned), 0)
+        };
+        let committed = Returned::Ok { value: "v0".into(), replayed: false, cached: false, stored: true };
+        assert_eq!(took_meanwhile(committed).check(), vec!["I9"]);
+        assert_eq!(took_meanwhile(rolled_back()).check(), Vec::<&str>::new());
     }
 
     #[test]

@@ -78,7 +78,8 @@ pub enum Event {
     /// A call began. `bound` is how long it may take besides its body (I6); a `probe` is made
     /// after the schedule, once every fault has ended (I5); an `unholdable` one asks for a
     /// duration no store can hold, and must be refused (I8); a `token` one carries a genuine
-    /// token, which must be taken (I8).
+    /// token, which must be taken (I8); a `transactional` one's body effects commit with its record
+    /// in one transaction, or not at all (I9).
     Invoke {
         call: CallId,
         proc: usize,
@@ -90,6 +91,7 @@ pub enum Event {
         probe: bool,
         unholdable: bool,
         token: bool,
+        transactional: bool,
     },
     /// Its body started, holding the key as `owner` with `fence` when it was known then (a lock
     /// guard's; a guarded call's body reads its own: `FenceRead`); `lost` is whether the

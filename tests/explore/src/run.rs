@@ -16,7 +16,7 @@ use idempotency::{Call, CallContext, Force, Idempotency, MemoryStore, OnConflict
 use tokio::time::Instant;
 
 use crate::faults::Faulty;
-use crate::history::{BodyEnd, CallId, Event, History, Returned};
+use crate::history::{BodyEnd, CallId, Event, History, OpKind, OpResult, Returned};
 use crate::model::{Backend, ModelStore};
 use crate::schedule::{CallSpec, End, Schedule};
 
@@ -89,7 +89,7 @@ fn unholdable(spec: &CallSpec) -> bool {
 
 /// The error of the explorer's bodies.
 #[derive(Debug)]
-enum AppError {
+pub enum AppError {
     Lib(idempotency::Error),
     Body,
 }
@@ -104,6 +104,24 @@ impl From<idempotency::Error> for AppError {
 fn error_name(e: &idempotency::Error) -> String {
     let text = format!("{e:?}");
     text.split(|c: char| !c.is_alphanumeric()).next().unwrap_or("").to_owned()
+}
+
+/// Added to a process's number, the number under which its transactions' commits are recorded.
+const TX_COMMITS: usize = 1000;
+
+/// A body of the explorer's, boxed.
+pub type BoxedBody<'a> = std::pin::Pin<Box<dyn Future<Output = Result<String, AppError>> + Send + 'a>>;
+
+/// Runs a batch's bodies with their effects in one transaction committed with their records, where
+/// the store has such transactions: the layer on real servers gives PostgreSQL's
+/// (`PgStore::run_batch_in_transaction`) to the calls whose spec says `in_transaction`.
+pub trait InTransaction: Send + Sync {
+    /// Runs the batch (of one), its one body `body`, and answers its item.
+    fn run_one<'a>(
+        &'a self,
+        batch: idempotency::Batch<String>,
+        body: BoxedBody<'a>,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Settled<String, AppError>> + Send + 'a>>;
 }
 
 /// Plays `schedule` on `store` and returns its history.
@@ -170,7 +188,7 @@ async fn play_in(schedule: &Schedule, store: Store) -> History {
         let tokens = tokens.clone();
         tasks.spawn(async move {
             tokio::time::sleep_until(at).await;
-            one_call(&idem, &h, id, &spec, timeout, false, &tokens).await;
+            one_call(&idem, &h, id, &spec, timeout, false, &tokens, None).await;
         });
     }
     // Every call ends within its bound (I6 says how long); a minute of schedule time is far past it.
@@ -215,6 +233,7 @@ pub async fn probe_every_key(schedule: &Schedule, idems: &[Idempotency], history
                 key,
                 lock,
                 batch: false,
+                in_transaction: false,
                 token,
                 ttl_ms: PROBE_TTL_MS,
                 keep_ms: 1000,
@@ -228,7 +247,8 @@ pub async fn probe_every_key(schedule: &Schedule, idems: &[Idempotency], history
                 cancel_ms: None,
             };
             for _ in 0..PROBE_TRIES {
-                let returned = one_call(idem, history, id, &probe, ms(schedule.timeouts_ms[proc]), true, tokens).await;
+                let timeout = ms(schedule.timeouts_ms[proc]);
+                let returned = one_call(idem, history, id, &probe, timeout, true, tokens, None).await;
                 id += 1;
                 if !matches!(returned, Returned::Err(e) if e == "Store") {
                     break;
@@ -240,6 +260,7 @@ pub async fn probe_every_key(schedule: &Schedule, idems: &[Idempotency], history
 }
 
 /// Makes one call (or takes one lock) as `spec` says, records what happened, and returns it.
+#[allow(clippy::too_many_arguments)]
 pub async fn one_call(
     idem: &Idempotency,
     h: &History,
@@ -248,7 +269,10 @@ pub async fn one_call(
     timeout: Duration,
     probe: bool,
     tokens: &[String],
+    tx: Option<&dyn InTransaction>,
 ) -> Returned {
+    // A batch in a transaction where the layer has one; else as the spec says otherwise.
+    let tx = tx.filter(|_| spec.batch && spec.in_transaction && !spec.lock);
     let patience = spec.wait_ms.map_or(Duration::ZERO, ms);
     // Acquiring: each acquire (and the watch) within the store's timeout, after the patience; the
     // commit within its deadline (twice the timeout); a release within the timeout.
@@ -267,12 +291,13 @@ pub async fn one_call(
         probe,
         unholdable: unholdable(spec),
         token: spec.token && !spec.lock,
+        transactional: tx.is_some(),
     });
     let work = async {
         if spec.lock {
             take_lock(idem, h, id, spec).await
         } else {
-            guarded(idem, h, id, spec, tokens).await
+            guarded(idem, h, id, spec, tokens, tx).await
         }
     };
     let caught = caught(work);
@@ -296,7 +321,14 @@ async fn caught(fut: impl Future<Output = Returned>) -> Result<Returned, Returne
     .await
 }
 
-async fn guarded(idem: &Idempotency, h: &History, id: CallId, spec: &CallSpec, tokens: &[String]) -> Returned {
+async fn guarded(
+    idem: &Idempotency,
+    h: &History,
+    id: CallId,
+    spec: &CallSpec,
+    tokens: &[String],
+    tx: Option<&dyn InTransaction>,
+) -> Returned {
     let call = if spec.token {
         Call::token(tokens[spec.key].as_str())
     } else {
@@ -342,9 +374,43 @@ async fn guarded(idem: &Idempotency, h: &History, id: CallId, spec: &CallSpec, t
     };
     if spec.batch {
         let batch = idem.claim::<String>([call]).await;
-        let mut body = Some(body);
-        let settled = batch.run(1, move |_, _| (body.take().expect("a batch of one runs one body"))()).await;
-        return match settled.into_iter().next().expect("a batch of one settles one item") {
+        let settled = match tx {
+            Some(tx) => {
+                // The transaction's commit does not pass the store's boundary, where the history
+                // records commands: it is recorded here, sent once the body returned its value
+                // (the commit follows it), answered when the batch has settled the item.
+                let commit = (spec.proc + TX_COMMITS, id as u64);
+                let body = async {
+                    let out = body().await;
+                    if out.is_ok() {
+                        let ctx = CallContext::current().expect("a batch's body has its context");
+                        let (key, owner) = (ctx.key().to_owned(), ctx.owner().to_owned());
+                        h.record(Event::OpSent { proc: commit.0, id: commit.1, kind: OpKind::Commit, key, owner });
+                    }
+                    out
+                };
+                let settled = tx.run_one(batch, Box::pin(body)).await;
+                let sent = h
+                    .events()
+                    .iter()
+                    .any(|(_, e)| matches!(e, Event::OpSent { proc, id, .. } if (*proc, *id) == commit));
+                if sent {
+                    let result = match &settled {
+                        Settled::Executed { stored: true, .. } => OpResult::Done,
+                        Settled::Unavailable(idempotency::Error::LeaseLost { .. }) => OpResult::Lost,
+                        _ => OpResult::Error,
+                    };
+                    h.record(Event::OpAnswered { proc: commit.0, id: commit.1, result });
+                }
+                settled
+            }
+            None => {
+                let mut body = Some(body);
+                let settled = batch.run(1, move |_, _| (body.take().expect("a batch of one runs one body"))()).await;
+                settled.into_iter().next().expect("a batch of one settles one item")
+            }
+        };
+        return match settled {
             Settled::Executed { value, stored } => Returned::Ok { value, replayed: false, cached: false, stored },
             Settled::Replayed(Ok(value)) => Returned::Ok { value, replayed: true, cached: false, stored: true },
             Settled::Failed(AppError::Body) => Returned::BodyErr,

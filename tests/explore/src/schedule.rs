@@ -29,6 +29,10 @@ pub struct CallSpec {
     /// commit) under the faults. A batch never waits (`wait_ms` is `None`), and a process with a
     /// replay cache makes none (a batch's item does not say whether its replay came from it).
     pub batch: bool,
+    /// A batch whose body's effects commit with its record in one transaction of the store's
+    /// (PostgreSQL's inbox pattern, `PgStore::run_batch_in_transaction`), where the layer playing
+    /// the schedule has such a store; elsewhere a plain batch.
+    pub in_transaction: bool,
     /// Token mode: the call's key is a token process 0 issued for key `key` at the start (every
     /// process must take it: they share the store's token secret).
     pub token: bool,
@@ -179,6 +183,8 @@ fn call(procs: usize, keys: usize) -> impl Strategy<Value = CallSpec> {
                     key,
                     lock,
                     batch,
+                    // Half the batches, by their time's parity.
+                    in_transaction: batch && at_ms % 2 == 0,
                     token,
                     ttl_ms,
                     keep_ms,
@@ -236,11 +242,13 @@ pub fn schedule() -> impl Strategy<Value = Schedule> {
                             c.lock = true;
                             c.token = false;
                             c.batch = false;
+                            c.in_transaction = false;
                             c.wait_ms.get_or_insert(800);
                         }
                         if c.batch {
                             c.wait_ms = None;
                             c.batch = !caches[c.proc];
+                            c.in_transaction &= c.batch;
                         }
                     }
                     calls

@@ -13,6 +13,7 @@ fn call(at_ms: u64, proc: usize) -> CallSpec {
         key: 0,
         lock: false,
         batch: false,
+        in_transaction: false,
         token: false,
         ttl_ms: 1000,
         keep_ms: 5000,
