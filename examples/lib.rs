@@ -6,10 +6,15 @@
 //! - `order_submit`: token mode, a double click, used and unknown tokens;
 //! - `cron_mutex`: a job fired on three instances runs once;
 //! - `observability`: the spans and the Prometheus metrics of a few calls;
-//! - `stream_consumer`: a Redis Streams consumer group, a batch of entries claimed at once.
+//! - `stream_consumer`: a Redis Streams consumer group, a batch of entries claimed at once;
+//! - `jetstream_consumer` (feature `jetstream`): a NATS JetStream consumer whose effects commit
+//!   with their records in one PostgreSQL transaction per batch.
 //!
 //! The package exists so that the examples build with their own dependencies, not the test
-//! suites'. Its library holds one thing: the stream consumer's loop ([`streams`]), which the
-//! example and its kill -9 test share.
+//! suites'. Its library holds the consumers' loops, each shared by its example and its kill -9
+//! test: the Redis Streams consumer's ([`streams`]) and, with the feature, the JetStream
+//! consumer's (`jetstream`).
 
+#[cfg(feature = "jetstream")]
+pub mod jetstream;
 pub mod streams;

@@ -6,8 +6,9 @@
 //! started it and its batch had not stored it: the Redis guarantee is at most once per key while
 //! its record is kept, and a body killed before its commit is run again after its lease.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader, Read};
+mod consumer_process;
+
+use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -106,31 +107,6 @@ fn consumer_child() {
     });
 }
 
-/// What one consumer process printed.
-#[derive(Default)]
-struct Seen {
-    ran: Vec<String>,
-    stored: BTreeSet<String>,
-    drained: bool,
-}
-
-impl Seen {
-    fn read(&mut self, line: &str) {
-        if let Some(key) = line.strip_prefix("RUN ") {
-            self.ran.push(key.to_owned());
-        } else if let Some(keys) = line.strip_prefix("STORED") {
-            self.stored.extend(keys.split_whitespace().map(str::to_owned));
-        } else if line == "DRAINED" {
-            self.drained = true;
-        }
-    }
-
-    /// Bodies started whose batch did not store them before the kill.
-    fn in_flight(&self) -> BTreeSet<String> {
-        self.ran.iter().filter(|k| !self.stored.contains(*k)).cloned().collect()
-    }
-}
-
 fn spawn_consumer(url: &str, name: &str, drain: bool) -> Child {
     let mut command = Command::new(std::env::current_exe().unwrap());
     command
@@ -171,16 +147,7 @@ fn every_order_applied_once_through_kill_9() {
     let mut in_flight: BTreeMap<String, u64> = BTreeMap::new();
     let mut killed_bodies = 0;
     for (n, bodies) in [25, 40, 55].into_iter().enumerate() {
-        let mut child = spawn_consumer(&url, &format!("killed-{n}"), false);
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let mut seen = Seen::default();
-        while seen.ran.len() < bodies {
-            let line = lines.next().expect("the consumer stopped before its bodies ran").unwrap();
-            seen.read(&line);
-        }
-        child.kill().unwrap(); // SIGKILL
-        child.wait().unwrap();
-        lines.map_while(Result::ok).for_each(|l| seen.read(&l));
+        let seen = consumer_process::kill_after(spawn_consumer(&url, &format!("killed-{n}"), false), bodies);
         let killed_mid_batch = seen.in_flight();
         assert!(!killed_mid_batch.is_empty(), "consumer {n} was not killed inside a batch");
         killed_bodies += killed_mid_batch.len();
@@ -190,24 +157,8 @@ fn every_order_applied_once_through_kill_9() {
     }
 
     // The last consumer takes what the killed ones left pending (after their leases) and the rest.
-    let mut child = spawn_consumer(&url, "last", true);
-    let mut out = String::new();
-    let mut stdout = child.stdout.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        stdout.read_to_string(&mut out).unwrap();
-        out
-    });
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            child.kill().unwrap();
-            panic!("the last consumer did not drain the stream within 60 s");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let mut last = Seen::default();
-    reader.join().unwrap().lines().for_each(|l| last.read(l));
-    assert!(last.drained, "the last consumer stopped before the stream was drained");
+    let last = consumer_process::run_to_end(spawn_consumer(&url, "last", true), Duration::from_secs(60));
+    assert!(last.drained.is_some(), "the last consumer stopped before the stream was drained");
 
     let (applied, pending, dead) = rt.block_on(async {
         let applied: BTreeMap<String, u64> = client.hgetall(EFFECTS).await.unwrap();
