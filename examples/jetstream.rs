@@ -18,46 +18,13 @@ use std::time::Duration;
 use async_nats::jetstream::{self, consumer::PullConsumer, AckKind};
 use futures_util::StreamExt;
 use idempotency::store::postgres::PgTransaction;
-use idempotency::{AckPlan, Call, Idempotency, PgStore, Settled};
-use serde::{Deserialize, Serialize};
+use idempotency::PgStore;
+
+pub use crate::orders::{ApplyError, Inbox, Order, OrderConsumer, Polled};
 
 /// What a poll's broker commands can fail with (fetch, ack, publish: each has an error type of
 /// its own in `async-nats`).
 pub type BrokerError = Box<dyn std::error::Error + Send + Sync>;
-
-/// A message's payload as the producer wrote it (JSON). A payload that does not parse becomes an
-/// order without a key, which the batch refuses as invalid and the poll dead-letters.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Order {
-    /// The order's own id, the same in every copy a producer published: the idempotency key.
-    #[serde(default)]
-    pub key: String,
-    /// The order's amount: the payload's fingerprint, so that a key re-used with another
-    /// amount is refused.
-    #[serde(default)]
-    pub amount: i64,
-}
-
-/// What a body that writes its effect in the batch's transaction can fail with.
-#[derive(Debug)]
-pub enum ApplyError {
-    /// The runtime's answer for the item (the body did not run, or its record was not stored).
-    Idempotency(idempotency::Error),
-    /// The body's own statement failed.
-    Database(idempotency::store::postgres::sqlx::Error),
-}
-
-impl From<idempotency::Error> for ApplyError {
-    fn from(e: idempotency::Error) -> Self {
-        ApplyError::Idempotency(e)
-    }
-}
-
-impl From<idempotency::store::postgres::sqlx::Error> for ApplyError {
-    fn from(e: idempotency::store::postgres::sqlx::Error) -> Self {
-        ApplyError::Database(e)
-    }
-}
 
 /// A durable pull consumer on one subject of one stream.
 pub struct Consumer {
@@ -67,18 +34,12 @@ pub struct Consumer {
     pub jetstream: jetstream::Context,
     /// The durable consumer the polls fetch from.
     pub consumer: PullConsumer,
-    /// The runtime whose store holds the keys.
-    pub idem: Idempotency,
-    /// The same store, for the batch's transaction.
-    pub store: PgStore,
+    /// Where the batches go (the keys' scope is the durable consumer's name).
+    pub inbox: Inbox,
     /// Where refused messages are published (a subject of the same stream).
     pub dead_subject: String,
-    /// The keys' scope.
-    pub scope: String,
     /// Messages per poll.
     pub batch: usize,
-    /// Each key's lease while its body runs.
-    pub lease: Duration,
     /// How long a message handed back waits before JetStream delivers it again.
     pub requeue_after: Duration,
 }
@@ -99,23 +60,6 @@ pub struct Source {
     /// How long a delivered message may stay unacked (a crashed consumer's messages come back
     /// after it).
     pub ack_wait: Duration,
-}
-
-/// What one poll did, by message.
-#[derive(Debug, Default)]
-pub struct Polled {
-    /// Messages taken.
-    pub taken: usize,
-    /// How many of them JetStream had delivered before.
-    pub redelivered: usize,
-    /// Keys whose body ran and whose record was committed with its effect.
-    pub executed: Vec<String>,
-    /// Messages acked (their body ran now, or their key completed before).
-    pub acked: usize,
-    /// Messages handed back, to be delivered again after `requeue_after`.
-    pub requeued: usize,
-    /// Messages published to the dead-letter subject and terminated.
-    pub dead: usize,
 }
 
 impl Consumer {
@@ -152,23 +96,31 @@ impl Consumer {
             client,
             jetstream: js,
             consumer,
-            idem: Idempotency::new(store.clone()),
-            store,
+            inbox: Inbox::new(store, &source.durable, lease),
             dead_subject: source.dead_subject.clone(),
-            scope: source.durable.clone(),
             batch,
-            lease,
             requeue_after: source.ack_wait,
         })
     }
 
+    /// Messages of the consumer not delivered yet, and delivered but not acked.
+    pub async fn outstanding(&self) -> Result<(u64, usize), BrokerError> {
+        let mut consumer = self.consumer.clone();
+        let info = consumer.info().await?;
+        Ok((info.num_pending, info.num_ack_pending))
+    }
+}
+
+impl OrderConsumer for Consumer {
+    type Error = BrokerError;
+
     /// One poll: fetches a batch (waiting up to 200 ms for a first message), runs the bodies of
     /// the keys it wins with `body` in one transaction with their records, and acks, hands back
-    /// or dead-letters each message as the batch's plan says.
-    ///
+    /// (`NAK` with a delay) or dead-letters (a copy to the dead-letter subject, then `TERM`) each
+    /// message as the batch's plan says.
     /// `body` gets the batch's transaction and the item's order, writes the order's effect in the
     /// transaction, and gives the transaction back with its answer.
-    pub async fn poll<F, Fut>(&self, mut body: F) -> Result<Polled, BrokerError>
+    async fn poll<F, Fut>(&mut self, body: F) -> Result<Polled, BrokerError>
     where
         F: FnMut(PgTransaction, Order) -> Fut,
         Fut: Future<Output = (PgTransaction, Result<(), ApplyError>)> + Send + 'static,
@@ -184,19 +136,9 @@ impl Consumer {
             return Ok(polled);
         }
         polled.redelivered = messages.iter().filter(|m| m.info().is_ok_and(|i| i.delivered > 1)).count();
-        let orders: Vec<Order> =
-            messages.iter().map(|m| serde_json::from_slice(&m.payload).unwrap_or_default()).collect();
-        let calls =
-            orders.iter().map(|o| Call::new(&o.key).scope(self.scope.as_str()).ttl(self.lease).fingerprint(&o.amount));
-        let claimed = self.idem.claim::<()>(calls).await;
-        let settled: Vec<Settled<(), ApplyError>> =
-            self.store.run_batch_in_transaction(claimed, |tx, i, _context| body(tx, orders[i].clone())).await;
-        for (order, item) in orders.iter().zip(&settled) {
-            if matches!(item, Settled::Executed { stored: true, .. }) {
-                polled.executed.push(order.key.clone());
-            }
-        }
-        let plan = AckPlan::of(&settled);
+        let orders: Vec<Order> = messages.iter().map(|m| Order::parse(&m.payload)).collect();
+        let (settled, plan, executed) = self.inbox.run(&orders, body).await;
+        polled.executed = executed;
         for &i in &plan.dead_letter {
             let reason = format!("{:?}", settled[i]);
             let mut headers = async_nats::HeaderMap::new();
@@ -222,10 +164,8 @@ impl Consumer {
         Ok(polled)
     }
 
-    /// Messages of the consumer not delivered yet, and delivered but not acked.
-    pub async fn outstanding(&self) -> Result<(u64, usize), BrokerError> {
-        let mut consumer = self.consumer.clone();
-        let info = consumer.info().await?;
-        Ok((info.num_pending, info.num_ack_pending))
+    /// Nothing pending and nothing delivered but unacked.
+    async fn drained(&self) -> Result<bool, BrokerError> {
+        Ok(self.outstanding().await? == (0, 0))
     }
 }

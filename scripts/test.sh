@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The whole test suite, on a fresh machine: installs Redis, Valkey, PostgreSQL, nats-server and
-# headless Chromium where missing, then format, lints, docs, and every test (the tests start and
-# stop their own redis-server, valkey-server, nats-server, PostgreSQL clusters and chromedriver
-# processes on free ports, and make and drop a database of their own on a PostgreSQL already running at 127.0.0.1:5432; the
-# suites whose behaviour depends on the server run on Redis 7.0 and again on Valkey 8.1), and the
-# benchmark's exact round-trip check on both servers.
+# The whole test suite, on a fresh machine: installs Redis, Valkey, PostgreSQL, nats-server,
+# RabbitMQ (started where none answers) and headless Chromium where missing, then format, lints,
+# docs, and every test (the tests start and stop their own redis-server, valkey-server,
+# nats-server, PostgreSQL clusters and chromedriver processes on free ports, make and drop a
+# database of their own on a PostgreSQL already running at 127.0.0.1:5432 and a vhost of their
+# own on RabbitMQ; the suites whose behaviour depends on the server run on Redis 7.0 and again on
+# Valkey 8.1), and the benchmark's exact round-trip check on both servers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,6 +16,7 @@ VALKEY_SERVER="$(bash scripts/install-valkey.sh | tail -1)"
 export VALKEY_SERVER
 bash scripts/install-postgres.sh
 bash scripts/install-nats.sh
+bash scripts/install-rabbitmq.sh
 bash scripts/install-browser.sh
 
 echo "== cargo fmt --check"
