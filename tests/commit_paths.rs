@@ -3,7 +3,8 @@
 //! first execution is a `SET NX GET` and a `SET IFEQ`, no script (a body that reads its fence
 //! adds one script call, with the server's `TIME` in it); a commit that does
 //! not find exactly its own pending record (a waiter marked it, the lease was lost) runs the
-//! script and decides as on Redis; on Redis 7.0 every commit is the script.
+//! script and decides as on Redis; on Redis 7.0 every commit is the script. A batch's claim and
+//! commit are the same commands per key, pipelined.
 
 #[macro_use]
 mod support;
@@ -86,6 +87,55 @@ async fn first_executions_use_plain_commands_where_the_server_has_compare_and_se
 
 /// A waiter marks the holder's record: the compare-and-set does not match, the commit runs the
 /// script, which publishes the result, and the waiter replays it at once.
+/// A batch of 100: its claim is a plain `SET NX GET` per key (one pipeline) on both servers; its
+/// commit a `SET IFEQ` per key (one pipeline) on Valkey and one script call on Redis 7. An item
+/// whose record another caller took while its body ran is not `SET` by the compare-and-set: the
+/// script decides for it alone, and it is not stored, while the others are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_is_plain_commands_where_the_server_has_them() {
+    for (expected, server) in servers() {
+        let store = RedisStore::connect(&server.url()).await.unwrap();
+        let valkey = expected.starts_with("valkey");
+        let idem = Idempotency::new(store.clone());
+        server.command(&["CONFIG", "RESETSTAT"]).unwrap();
+        let batch = idem.claim::<u32>((0..100).map(|i| Call::new(format!("batch:{i}")))).await;
+        assert_eq!(batch.to_run(), 100);
+        let settled = batch.run(4, |i, _| async move { R::Ok(i as u32) }).await;
+        assert!(settled.iter().all(|s| matches!(s, idempotency::Settled::Executed { stored: true, .. })));
+        let stats = server.command_calls();
+        let scripts = count(&stats, "evalsha") + count(&stats, "eval");
+        let counted = (count(&stats, "set"), scripts, count(&stats, "get"));
+        let want = if valkey { (200, 0, 0) } else { (200, 1, 100) };
+        assert_eq!(counted, want, "{expected}: {stats:?}");
+
+        // Item 3's record is deleted and taken by another caller while its body runs.
+        let record = store.record_key("taken:3");
+        let batch = idem.claim::<u32>((0..10).map(|i| Call::new(format!("taken:{i}")))).await;
+        server.command(&["CONFIG", "RESETSTAT"]).unwrap();
+        let settled = batch
+            .run(1, |i, _| {
+                let (server, record) = (&server, record.clone());
+                async move {
+                    if i == 3 {
+                        server.command(&["SET", &record, "someone else's", "PX", "30000"]).unwrap();
+                    }
+                    R::Ok(i as u32)
+                }
+            })
+            .await;
+        for (i, item) in settled.iter().enumerate() {
+            let stored = matches!(item, idempotency::Settled::Executed { stored: true, .. });
+            assert_eq!(stored, i != 3, "{expected}: item {i}: {item:?}");
+        }
+        assert_eq!(server.command(&["GET", &record]).unwrap(), "someone else's", "{expected}");
+        let stats = server.command_calls();
+        let scripts = count(&stats, "evalsha") + count(&stats, "eval");
+        // Valkey: ten SET IFEQ (one not set), then the script for that one key.
+        let want = if valkey { (11, 1) } else { (10, 1) };
+        assert_eq!((count(&stats, "set"), scripts), want, "{expected}: {stats:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_that_finds_a_waiter_runs_the_script_and_wakes_it() {
     for (expected, server) in servers() {

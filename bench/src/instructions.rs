@@ -19,8 +19,21 @@ use idempotency::{Call, CallContext, Error, Idempotency, RedisStore, Store};
 use crate::ops::{receipt, Receipt, R};
 
 /// Every path this mode knows, in the order the script prints them.
-pub const PATHS: &[&str] =
-    &["get", "evalsha", "naive-first", "naive-replay", "first", "replay", "conflict", "first-fenced"];
+pub const PATHS: &[&str] = &[
+    "get",
+    "evalsha",
+    "naive-first",
+    "naive-replay",
+    "first",
+    "replay",
+    "conflict",
+    "first-fenced",
+    "batch",
+    "naive-batch",
+];
+
+/// The messages of one op of the `batch` and `naive-batch` paths.
+const BATCH: u64 = 100;
 
 /// Runs `n` calls of `path` against the server at `url`.
 pub fn run(path: &str, n: u64, url: &str) {
@@ -101,6 +114,30 @@ pub fn run(path: &str, n: u64, url: &str) {
                 "conflict" => {
                     let r: R<()> = idem.run(Call::new("ins:held"), || async { Ok(()) }).await;
                     matches!(r, Err(Error::Conflict { .. }))
+                }
+                // One op: a batch of 100 fresh keys claimed, run (an empty body) and committed.
+                "batch" => {
+                    let calls = (0..BATCH).map(|j| Call::new(format!("ins:batch:{run_id}:{i}:{j}")));
+                    let batch = idem.claim::<Receipt>(calls).await;
+                    let settled = batch.run(1, |j, _| async move { Ok::<_, ()>(receipt(j as u64)) }).await;
+                    settled.iter().all(|s| matches!(s, idempotency::Settled::Executed { stored: true, .. }))
+                }
+                // One op: `SET NX` for 100 fresh keys in one pipeline, then `SET` for each in another.
+                "naive-batch" => {
+                    let keys: Vec<String> = (0..BATCH).map(|j| format!("ins:naive:batch:{run_id}:{i}:{j}")).collect();
+                    let claims = client.pipeline();
+                    for k in &keys {
+                        let _: Result<(), _> =
+                            claims.set(k, "1", Some(Expiration::EX(30)), Some(SetOptions::NX), false).await;
+                    }
+                    let taken: Vec<Value> = claims.all().await.unwrap();
+                    let commits = client.pipeline();
+                    for (j, k) in keys.iter().enumerate() {
+                        let body = serde_json::to_string(&receipt(j as u64)).unwrap();
+                        let _: Result<(), _> = commits.set(k, body, Some(Expiration::EX(86_400)), None, false).await;
+                    }
+                    let done: Vec<Value> = commits.all().await.unwrap();
+                    taken.iter().all(|t| !t.is_null()) && done.len() == keys.len()
                 }
                 _ => unreachable!("checked above"),
             };

@@ -1,17 +1,48 @@
-//! A batch's transitions (`Store::acquire_many`, `commit_many`, `release_many`): the keys grouped
-//! by hash slot and connection, one call of the batch script (`lua/many.lua` around the one-key
-//! script) per group, every group sent at once. A standalone server with one connection takes a
-//! whole batch in one command; each key gets exactly what its one-key transition would have done
-//! (a batch's acquire is the plain `SET NX GET` per key where a single call's would be:
-//! `claim.lua`).
+//! A batch's transitions (`Store::acquire_many`, `commit_many`, `release_many`), each key getting
+//! exactly what its one-key transition would have done.
+//!
+//! Where a single call's transition is one plain command (the acquire's `SET NX GET`, on servers
+//! with it; the commit's `SET IFEQ`, on servers with it), a batch's is that command per key,
+//! pipelined: one pipeline per connection, all sent at once, no script. Otherwise, and on a
+//! cluster, one call of the batch script (`lua/many.lua` around the one-key script) per hash slot
+//! and connection, every group sent at once (`claim.lua` is the plain acquire as a script).
 
 use fred::types::scripts::Script;
+use fred::types::ClusterHash;
 
 use super::*;
 
 /// A fresh copy of `e` for each item its command carried.
 fn copied(e: &StoreError) -> StoreError {
     StoreError::new(e.kind(), e.message())
+}
+
+/// One group's keys (their indices) and its replies, one per key, or the group's error.
+type GroupReplies<'a, R> = (&'a Vec<usize>, Result<Vec<R>, StoreError>);
+
+/// The groups' replies put back in the keys' order (`n` keys, each in one group): each reply read
+/// by `read`, a group's error copied to each of its keys.
+fn scattered<R, T>(
+    n: usize,
+    groups: Vec<GroupReplies<'_, R>>,
+    read: impl Fn(R) -> Result<T, StoreError>,
+) -> Vec<Result<T, StoreError>> {
+    let mut out: Vec<Option<Result<T, StoreError>>> = (0..n).map(|_| None).collect();
+    for (members, replies) in groups {
+        match replies {
+            Ok(replies) => {
+                for (&i, reply) in members.iter().zip(replies) {
+                    out[i] = Some(read(reply));
+                }
+            }
+            Err(e) => {
+                for &i in members {
+                    out[i] = Some(Err(copied(&e)));
+                }
+            }
+        }
+    }
+    out.into_iter().map(|o| o.expect("every key is in one group")).collect()
 }
 
 impl RedisStore {
@@ -21,6 +52,55 @@ impl RedisStore {
             1 => 0,
             n => crate::hash::fnv1a(key.as_bytes()) as usize % n,
         }
+    }
+
+    /// The keys' indices by hash slot (0 on a standalone server) and connection.
+    fn groups(&self, keys: &[&str], record_keys: &[String]) -> BTreeMap<(u16, usize), Vec<usize>> {
+        let mut groups: BTreeMap<(u16, usize), Vec<usize>> = BTreeMap::new();
+        for (i, record_key) in record_keys.iter().enumerate() {
+            let slot = if self.inner.clustered { fred::util::redis_keyslot(record_key.as_bytes()) } else { 0 };
+            groups.entry((slot, self.client_index(keys[i]))).or_default().push(i);
+        }
+        groups
+    }
+
+    /// Sends `SET <record> <args(i)...>` for each key, pipelined: one pipeline per connection,
+    /// all at once (a standalone server: the callers keep clusters on the scripts). Per key, in
+    /// order, its reply or its command's error; a pipeline that fails or times out as a whole
+    /// fails each of its keys.
+    async fn set_pipelined(
+        &self,
+        op: &'static str,
+        keys: &[&str],
+        args: impl Fn(usize) -> [Value; 5],
+    ) -> Vec<Result<Result<Value, Error>, StoreError>> {
+        // A standalone server: one group per connection. Each value is moved into its command,
+        // not copied (a command per key is where a pipelined batch spends the client's CPU).
+        let mut groups: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        for (i, key) in keys.iter().enumerate() {
+            groups.entry(self.client_index(key)).or_default().push(i);
+        }
+        let args = &args;
+        let sends = groups.values().map(|members| async move {
+            let pipeline = self.client_for(keys[members[0]]).pipeline();
+            for &i in members {
+                let set = CustomCommand::new_static("SET", ClusterHash::FirstKey, false);
+                let mut values: Vec<Value> = Vec::with_capacity(6);
+                values.push(self.record_key(keys[i]).into());
+                values.extend(args(i));
+                // Queued in memory: nothing is sent before `try_all`.
+                let _: Result<(), Error> = pipeline.custom(set, values).await;
+            }
+            let replies = self.bounded(op, async { Ok(pipeline.try_all::<Value>().await) }).await;
+            let replies = replies.and_then(|replies| match replies.len() == members.len() {
+                true => Ok(replies),
+                false => {
+                    Err(StoreError::reply(op, format_args!("{} replies to {} commands", replies.len(), members.len())))
+                }
+            });
+            (members, replies)
+        });
+        scattered(keys.len(), join_all(sends).await, Ok)
     }
 
     /// Runs the batch `script` over `keys`: one call per hash slot and connection, all at once;
@@ -36,11 +116,7 @@ impl RedisStore {
         read: impl Fn(Value) -> Result<T, StoreError>,
     ) -> Vec<Result<T, StoreError>> {
         let record_keys: Vec<String> = keys.iter().map(|k| self.record_key(k)).collect();
-        let mut groups: BTreeMap<(u16, usize), Vec<usize>> = BTreeMap::new();
-        for (i, record_key) in record_keys.iter().enumerate() {
-            let slot = if self.inner.clustered { fred::util::redis_keyslot(record_key.as_bytes()) } else { 0 };
-            groups.entry((slot, self.client_index(keys[i]))).or_default().push(i);
-        }
+        let groups = self.groups(keys, &record_keys);
         let (record_keys, args) = (&record_keys, &args);
         let calls = groups.values().map(|members| async move {
             let call_args = || {
@@ -60,22 +136,7 @@ impl RedisStore {
             });
             (members, replies)
         });
-        let mut out: Vec<Option<Result<T, StoreError>>> = (0..keys.len()).map(|_| None).collect();
-        for (members, replies) in join_all(calls).await {
-            match replies {
-                Ok(items) => {
-                    for (&i, item) in members.iter().zip(items) {
-                        out[i] = Some(read(item));
-                    }
-                }
-                Err(e) => {
-                    for &i in members {
-                        out[i] = Some(Err(copied(&e)));
-                    }
-                }
-            }
-        }
-        out.into_iter().map(|o| o.expect("every key is in one group")).collect()
+        scattered(keys.len(), join_all(calls).await, read)
     }
 
     pub(super) async fn acquire_many_inner(
@@ -86,7 +147,10 @@ impl RedisStore {
         // Nobody waits and no lifetime is asked for (no replay cache): the plain acquire per key
         // (`claim.lua`), as `acquire_plain` makes it for one call; otherwise acquire.lua per key.
         let plain = self.inner.plain_acquire && requests.iter().all(|r| !r.will_wait && !r.report_ttl);
-        let mut found = if plain {
+        let pipelined = plain && !self.inner.clustered && requests.iter().all(|r| !r.fence_now);
+        let mut found = if pipelined {
+            self.claim_pipelined(requests, &keys).await
+        } else if plain {
             self.claim_many(requests, &keys).await
         } else {
             self.acquire_scripts_many(requests, &keys).await
@@ -103,6 +167,36 @@ impl RedisStore {
             }
         }
         found
+    }
+
+    /// `SET <pending> NX PX lease GET` per key, pipelined, each reply read as a single call's
+    /// plain acquire reads it (its fence left unread). A key holding something other than a
+    /// string goes to acquire.lua, which names what it is.
+    async fn claim_pipelined(
+        &self,
+        requests: &[AcquireRequest<'_>],
+        keys: &[&str],
+    ) -> Vec<Result<AcquireOutcome, StoreError>> {
+        let args = |i: usize| {
+            let r = &requests[i];
+            let pending = record::pending(r.owner, r.fingerprint);
+            [pending.into(), "NX".into(), "PX".into(), millis(r.lease).into(), "GET".into()]
+        };
+        let replies = self.set_pipelined("acquire", keys, args).await;
+        let mut out = Vec::with_capacity(replies.len());
+        for (i, reply) in replies.into_iter().enumerate() {
+            let owner = requests[i].owner;
+            out.push(match reply {
+                Err(e) => Err(e),
+                Ok(Err(e)) if e.details().starts_with("WRONGTYPE") => Box::pin(self.acquire_script(&requests[i])).await,
+                Ok(Err(e)) => Err(store_error("acquire", e)),
+                Ok(Ok(Value::Null)) => Ok(AcquireOutcome::Acquired { fence: 0 }),
+                Ok(Ok(Value::String(s))) => Ok(record::found(s.as_bytes(), owner, 0, None)),
+                Ok(Ok(Value::Bytes(b))) => Ok(record::found(&b, owner, 0, None)),
+                Ok(Ok(other)) => Err(StoreError::reply("acquire", format_args!("unexpected reply {other:?}"))),
+            });
+        }
+        out
     }
 
     /// `claim.lua` per key: one `SET NX GET` each, the reply read as the plain acquire's. A key
@@ -166,18 +260,62 @@ impl RedisStore {
     ) -> Vec<Result<Transition, StoreError>> {
         let keys: Vec<&str> = requests.iter().map(|r| r.key).collect();
         let now = unix_ms_now();
-        let args = |i: usize, out: &mut Vec<Value>| {
-            let r = &requests[i];
-            out.extend([
-                r.owner.into(),
-                millis(r.keep).into(),
-                itoa::Buffer::new().format(r.fence).into(),
-                record::pending(r.owner, r.fingerprint).as_str().into(),
-                Value::Bytes(record::completed(r.fence, r.owner, r.fingerprint, now, r.result).into()),
-            ]);
-        };
-        let read = |reply| replies::transition("commit", reply);
-        let mut done = self.grouped("commit", &scripts::COMMIT_MANY, &keys, 5, args, read).await;
+        let pending = |r: &CommitRequest<'_>| record::pending(r.owner, r.fingerprint);
+        let completed = |r: &CommitRequest<'_>| record::completed(r.fence, r.owner, r.fingerprint, now, r.result);
+        let mut done: Vec<Option<Result<Transition, StoreError>>> = (0..keys.len()).map(|_| None).collect();
+        // `SET IFEQ` per key where a single call's commit would send it; the keys it did not set
+        // (anything but this owner's pending record there) go to the script, which decides.
+        let compare_and_set = self.inner.compare_and_set.load(Ordering::Relaxed)
+            && !self.inner.clustered
+            && requests.iter().all(|r| !r.keep.is_zero());
+        if compare_and_set {
+            let args = |i: usize| {
+                let r = &requests[i];
+                [
+                    Value::Bytes(completed(r).into()),
+                    "IFEQ".into(),
+                    pending(r).into(),
+                    "PX".into(),
+                    millis(r.keep).into(),
+                ]
+            };
+            for (i, reply) in self.set_pipelined("commit", &keys, args).await.into_iter().enumerate() {
+                done[i] = match reply {
+                    Err(e) => Some(Err(e)),
+                    Ok(Ok(Value::String(ok))) if &*ok == "OK" => Some(Ok(Transition::Done)),
+                    Ok(Ok(Value::Null)) => None,
+                    Ok(Ok(other)) => Some(Err(StoreError::reply("commit", format_args!("SET IFEQ replied {other:?}")))),
+                    // Not a string (something else overwrote the key): the script names what it is.
+                    Ok(Err(e)) if e.details().starts_with("WRONGTYPE") => None,
+                    Ok(Err(e)) if e.details().to_ascii_lowercase().contains("syntax error") => {
+                        self.inner.compare_and_set.store(false, Ordering::Relaxed);
+                        None
+                    }
+                    Ok(Err(e)) => Some(Err(store_error("commit", e))),
+                };
+            }
+        }
+        let rest: Vec<usize> = (0..keys.len()).filter(|&i| done[i].is_none()).collect();
+        if !rest.is_empty() {
+            let rest_keys: Vec<&str> = rest.iter().map(|&i| keys[i]).collect();
+            let args = |j: usize, out: &mut Vec<Value>| {
+                let r = &requests[rest[j]];
+                out.extend([
+                    r.owner.into(),
+                    millis(r.keep).into(),
+                    itoa::Buffer::new().format(r.fence).into(),
+                    pending(r).as_str().into(),
+                    Value::Bytes(completed(r).into()),
+                ]);
+            };
+            let read = |reply| replies::transition("commit", reply);
+            let scripted = self.grouped("commit", &scripts::COMMIT_MANY, &rest_keys, 5, args, read).await;
+            for (&i, outcome) in rest.iter().zip(scripted) {
+                done[i] = Some(outcome);
+            }
+        }
+        let mut done: Vec<Result<Transition, StoreError>> =
+            done.into_iter().map(|d| d.expect("every key committed or scripted")).collect();
         if self.inner.acks.is_some() {
             for (i, outcome) in done.iter_mut().enumerate() {
                 if matches!(outcome, Ok(Transition::Done)) {
