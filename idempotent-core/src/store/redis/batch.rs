@@ -185,15 +185,11 @@ impl RedisStore {
         let replies = self.set_pipelined("acquire", keys, args).await;
         let mut out = Vec::with_capacity(replies.len());
         for (i, reply) in replies.into_iter().enumerate() {
-            let owner = requests[i].owner;
             out.push(match reply {
                 Err(e) => Err(e),
                 Ok(Err(e)) if e.details().starts_with("WRONGTYPE") => Box::pin(self.acquire_script(&requests[i])).await,
                 Ok(Err(e)) => Err(store_error("acquire", e)),
-                Ok(Ok(Value::Null)) => Ok(AcquireOutcome::Acquired { fence: 0 }),
-                Ok(Ok(Value::String(s))) => Ok(record::found(s.as_bytes(), owner, 0, None)),
-                Ok(Ok(Value::Bytes(b))) => Ok(record::found(&b, owner, 0, None)),
-                Ok(Ok(other)) => Err(StoreError::reply("acquire", format_args!("unexpected reply {other:?}"))),
+                Ok(Ok(set)) => plain_acquire_reply(set, requests[i].owner, 0),
             });
         }
         out
@@ -234,8 +230,10 @@ impl RedisStore {
                         Some(fence) if fence >= 0 => Ok(AcquireOutcome::Acquired { fence: fence as u64 }),
                         _ => Err(StoreError::reply("acquire", format_args!("unexpected fence {fence:?}"))),
                     },
-                    (Some(1), Value::String(s)) => Ok(record::found(s.as_bytes(), owner, 0, None)),
-                    (Some(1), Value::Bytes(b)) => Ok(record::found(b, owner, 0, None)),
+                    // The record the key holds (never nil: claim.lua returns it only when set).
+                    (Some(1), held @ (Value::String(_) | Value::Bytes(_))) => {
+                        plain_acquire_reply(held.clone(), owner, 0)
+                    }
                     (_, other) => Err(StoreError::reply("acquire", format_args!("unexpected reply {other:?}"))),
                 },
                 Ok(Some(other)) => Err(StoreError::reply("acquire", format_args!("unexpected reply {other:?}"))),
@@ -280,18 +278,11 @@ impl RedisStore {
                 ]
             };
             for (i, reply) in self.set_pipelined("commit", &keys, args).await.into_iter().enumerate() {
-                done[i] = match reply {
+                // Not set: the script decides.
+                done[i] = match reply.and_then(|reply| self.compare_and_set_reply(reply)) {
+                    Ok(true) => Some(Ok(Transition::Done)),
+                    Ok(false) => None,
                     Err(e) => Some(Err(e)),
-                    Ok(Ok(Value::String(ok))) if &*ok == "OK" => Some(Ok(Transition::Done)),
-                    Ok(Ok(Value::Null)) => None,
-                    Ok(Ok(other)) => Some(Err(StoreError::reply("commit", format_args!("SET IFEQ replied {other:?}")))),
-                    // Not a string (something else overwrote the key): the script names what it is.
-                    Ok(Err(e)) if e.details().starts_with("WRONGTYPE") => None,
-                    Ok(Err(e)) if e.details().to_ascii_lowercase().contains("syntax error") => {
-                        self.inner.compare_and_set.store(false, Ordering::Relaxed);
-                        None
-                    }
-                    Ok(Err(e)) => Some(Err(store_error("commit", e))),
                 };
             }
         }
@@ -300,13 +291,7 @@ impl RedisStore {
             let rest_keys: Vec<&str> = rest.iter().map(|&i| keys[i]).collect();
             let args = |j: usize, out: &mut Vec<Value>| {
                 let r = &requests[rest[j]];
-                out.extend([
-                    r.owner.into(),
-                    millis(r.keep).into(),
-                    itoa::Buffer::new().format(r.fence).into(),
-                    pending(r).as_str().into(),
-                    Value::Bytes(completed(r).into()),
-                ]);
+                out.extend(commit_script_args(r, &pending(r), completed(r).into()));
             };
             let read = |reply| replies::transition("commit", reply);
             let scripted = self.grouped("commit", &scripts::COMMIT_MANY, &rest_keys, 5, args, read).await;

@@ -262,15 +262,12 @@ impl RedisStore {
         })
         .await?;
         let (set, now_us) = replies;
-        Ok(match set {
+        match set {
             // Rare (something other than a string at the key): boxed, so that the plain path's
             // future does not carry the script's.
-            None => return Box::pin(self.acquire_script(req)).await,
-            Some(Value::Null) => AcquireOutcome::Acquired { fence: now_us },
-            Some(Value::String(s)) => record::found(s.as_bytes(), req.owner, now_us, None),
-            Some(Value::Bytes(b)) => record::found(&b, req.owner, now_us, None),
-            Some(other) => return Err(StoreError::reply("acquire", format_args!("unexpected reply {other:?}"))),
-        })
+            None => Box::pin(self.acquire_script(req)).await,
+            Some(reply) => plain_acquire_reply(reply, req.owner, now_us),
+        }
     }
 
     async fn acquire_script(&self, req: &AcquireRequest<'_>) -> Result<AcquireOutcome, StoreError> {
@@ -316,15 +313,7 @@ impl RedisStore {
             self.replicated("commit", req.key).await?;
             return Ok(Transition::Done);
         }
-        let args = || {
-            vec![
-                req.owner.into(),
-                millis(req.keep).into(),
-                itoa::Buffer::new().format(req.fence).into(),
-                pending.as_str().into(),
-                Value::Bytes(completed.clone()),
-            ]
-        };
+        let args = || commit_script_args(&req, &pending, completed.clone()).into();
         let reply = self.script("commit", &scripts::COMMIT, req.key, args).await?;
         let outcome = replies::transition("commit", reply)?;
         if outcome == Transition::Done {
@@ -352,7 +341,14 @@ impl RedisStore {
             millis(req.keep).into(),
         ];
         let reply = Box::pin(self.client_for(req.key).custom::<Value, Value>(set, args));
-        match within("commit", self.inner.timeout, async { Ok(reply.await) }).await? {
+        self.compare_and_set_reply(within("commit", self.inner.timeout, async { Ok(reply.await) }).await?)
+    }
+
+    /// Reads a `SET ... IFEQ` reply: true when it set the record, false when the commit script
+    /// must decide (the key held anything else; a server that refuses `IFEQ`, after which every
+    /// commit takes the script).
+    fn compare_and_set_reply(&self, reply: Result<Value, Error>) -> Result<bool, StoreError> {
+        match reply {
             Ok(Value::Null) => Ok(false),
             Ok(Value::String(ok)) if &*ok == "OK" => Ok(true),
             Ok(other) => Err(StoreError::reply("commit", format_args!("SET IFEQ replied {other:?}"))),
@@ -544,6 +540,29 @@ pub(crate) fn store_error(op: &str, e: Error) -> StoreError {
 /// This machine's clock, unix ms: only for the informational `t` field of completed records.
 fn unix_ms_now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// What a plain acquire's `SET ... NX GET` answered, as the acquire script would report it:
+/// nothing there (acquired, the fence `now_us`: 0 when left unread), or the record the key holds.
+fn plain_acquire_reply(set: Value, owner: &str, now_us: u64) -> Result<AcquireOutcome, StoreError> {
+    match set {
+        Value::Null => Ok(AcquireOutcome::Acquired { fence: now_us }),
+        Value::String(s) => Ok(record::found(s.as_bytes(), owner, now_us, None)),
+        Value::Bytes(b) => Ok(record::found(&b, owner, now_us, None)),
+        other => Err(StoreError::reply("acquire", format_args!("unexpected reply {other:?}"))),
+    }
+}
+
+/// The commit script's arguments for `req` (`lua/commit.lua`): owner, keep, fence, the pending
+/// record it may find, the completed record to write.
+fn commit_script_args(req: &CommitRequest<'_>, pending: &str, completed: bytes::Bytes) -> [Value; 5] {
+    [
+        req.owner.into(),
+        millis(req.keep).into(),
+        itoa::Buffer::new().format(req.fence).into(),
+        pending.into(),
+        Value::Bytes(completed),
+    ]
 }
 
 fn millis(d: Duration) -> i64 {
