@@ -118,8 +118,6 @@ impl OrderConsumer for Consumer {
     /// the keys it wins with `body` in one transaction with their records, and acks, hands back
     /// (`NAK` with a delay) or dead-letters (a copy to the dead-letter subject, then `TERM`) each
     /// message as the batch's plan says.
-    /// `body` gets the batch's transaction and the item's order, writes the order's effect in the
-    /// transaction, and gives the transaction back with its answer.
     async fn poll<F, Fut>(&mut self, body: F) -> Result<Polled, BrokerError>
     where
         F: FnMut(PgTransaction, Order) -> Fut,

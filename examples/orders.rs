@@ -142,7 +142,8 @@ pub trait OrderConsumer {
     type Error: std::fmt::Debug;
 
     /// One poll: takes a batch, runs it through the inbox with `body`, and settles each message
-    /// as the batch's plan says.
+    /// as the batch's plan says. `body` gets the batch's transaction and the item's order, writes
+    /// the order's effect in the transaction, and gives the transaction back with its answer.
     async fn poll<F, Fut>(&mut self, body: F) -> Result<Polled, Self::Error>
     where
         F: FnMut(PgTransaction, Order) -> Fut,
@@ -239,11 +240,11 @@ pub fn two_urls(broker_flag: &str, usage: &str) -> (String, String) {
         match flag.as_str() {
             "--postgres" => postgres = args.next(),
             f if f == broker_flag => broker = args.next(),
-            _ => broker = None,
+            _ => break,
         }
     }
-    match (broker, postgres) {
-        (Some(broker), Some(postgres)) => (broker, postgres),
+    match (broker, postgres, args.next()) {
+        (Some(broker), Some(postgres), None) => (broker, postgres),
         _ => {
             eprintln!("usage: {usage}");
             std::process::exit(2)

@@ -137,8 +137,6 @@ impl OrderConsumer for Consumer {
     /// transaction with their records, and acks, hands back (`basic.nack` with requeue, after
     /// `requeue_after`) or dead-letters (a copy to the dead-letter queue, then `basic.ack`) each
     /// delivery as the batch's plan says.
-    /// `body` gets the batch's transaction and the item's order, writes the order's effect in the
-    /// transaction, and gives the transaction back with its answer.
     async fn poll<F, Fut>(&mut self, body: F) -> Result<Polled, BrokerError>
     where
         F: FnMut(PgTransaction, Order) -> Fut,

@@ -98,14 +98,13 @@ fn consumer_child() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_effect_once_through_kill_9() {
-    let mut runs = Vec::new();
-    for transactional in [true, false] {
+    exactly_once::every_effect_once("JetStream", |transactional| async move {
         let server = NatsServer::start();
         let db = Database::create().await;
         publish(&consumer(&server.url(), db.store.clone(), 50).await, exactly_once::published()).await;
-        runs.push(exactly_once::kill_run(&server.url(), &db, "billing", transactional).await);
-    }
-    exactly_once::check("JetStream", &runs[0], &runs[1]);
+        exactly_once::kill_run(&server.url(), &db, "billing", transactional).await
+    })
+    .await;
 }
 
 /// The example's two bad messages: an order re-used with another amount (the same key, another

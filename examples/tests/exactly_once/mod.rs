@@ -239,11 +239,20 @@ pub async fn kill_run(broker: &str, db: &Database, scope: &str, transactional: b
     run
 }
 
+/// The kill -9 test of a broker's consumer: `run(transactional)` sets up a broker and a database
+/// of its own, publishes [`published`] and runs [`kill_run`]; once with the effects in the batch's
+/// transaction, once outside it, then [`check`].
+pub async fn every_effect_once<Fut: std::future::Future<Output = KillRun>>(broker: &str, run: impl Fn(bool) -> Fut) {
+    let transactional = run(true).await;
+    let control = run(false).await;
+    check(broker, &transactional, &control);
+}
+
 /// The effects in the batch's transaction: every order's effect exactly once. The control, the
 /// same consumers writing each effect outside the transaction, must show duplicates (an effect a
 /// killed batch wrote stays, and the order runs again after its lease), or the kills missed the
 /// window the test is about.
-pub fn check(broker: &str, transactional: &KillRun, control: &KillRun) {
+fn check(broker: &str, transactional: &KillRun, control: &KillRun) {
     println!(
         "{broker}: {ORDERS} orders ({} messages, {REPUBLISHED} published twice), 3 consumers killed mid-batch \
          with {} effects written and rolled back; {} messages delivered again; every order applied exactly once",
