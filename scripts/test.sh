@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine: installs Redis, Valkey, PostgreSQL, nats-server,
-# RabbitMQ (started where none answers) and headless Chromium where missing, then format, lints,
+# RabbitMQ (started where none answers), headless Chromium and openapi-spec-validator where missing, then format, lints,
 # docs, and every test (the tests start and stop their own redis-server, valkey-server,
 # nats-server, PostgreSQL clusters and chromedriver processes on free ports, make and drop a
 # database of their own on a PostgreSQL already running at 127.0.0.1:5432 and a vhost of their
@@ -18,6 +18,9 @@ bash scripts/install-postgres.sh
 bash scripts/install-nats.sh
 bash scripts/install-rabbitmq.sh
 bash scripts/install-browser.sh
+# The reference OpenAPI validator (PyPI, in a virtual environment of its own), for the HTTP
+# layer's OpenAPI fragment.
+bash scripts/install-openapi-validator.sh >/dev/null
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

@@ -41,6 +41,7 @@ use crate::service::IdempotencyService;
 /// | response size | the runtime's `max_result_bytes` (1 MiB): larger ones are not replayable (409) | `IdempotencyBuilder::max_result_bytes` |
 /// | lease, retention | the runtime's (30 s renewed, 24 h) | [`ttl`](Self::ttl), [`keep`](Self::keep) |
 /// | retention told to clients | not told | [`expiry_header`](Self::expiry_header) (`Idempotency-Key-Expires`) |
+/// | the policy, described | on request | [`openapi`](Self::openapi): an OpenAPI 3.1 fragment for the guarded routes |
 ///
 /// ```
 /// use axum::{routing::post, Router};
@@ -80,7 +81,7 @@ impl IdempotencyLayer {
         idem: Idempotency,
         client: impl Fn(&request::Parts) -> Option<String> + Send + Sync + 'static,
     ) -> Self {
-        Self::with_client(idem, Arc::new(client))
+        Self::with_client(idem, Arc::new(client), true)
     }
 
     /// A layer on `idem` with one key space for every request, whoever sends it. A client that
@@ -89,10 +90,10 @@ impl IdempotencyLayer {
     /// provider's callbacks, an internal service), or when keys are unguessable and responses
     /// hold nothing private.
     pub fn shared_keys(idem: Idempotency) -> Self {
-        Self::with_client(idem, Arc::new(|_: &request::Parts| Some(String::new())))
+        Self::with_client(idem, Arc::new(|_: &request::Parts| Some(String::new())), false)
     }
 
-    fn with_client(idem: Idempotency, client: ClientScope) -> Self {
+    fn with_client(idem: Idempotency, client: ClientScope, per_client: bool) -> Self {
         IdempotencyLayer {
             policy: Arc::new(Policy {
                 idem,
@@ -105,6 +106,7 @@ impl IdempotencyLayer {
                 replay_header: DEFAULT_REPLAY_HEADER.clone(),
                 store_if: Arc::new(stored_by_default),
                 client,
+                per_client,
                 lenient_header: false,
                 json_fingerprint: false,
                 expiry_header: false,

@@ -34,6 +34,10 @@
 //! ([`IdempotencyLayer::shared_keys`]): the layer has no default that mixes clients. Token mode
 //! ([`IdempotencyLayer::require_token`], [`IdempotencyLayer::token_router`]) has the server
 //! hand out one-time keys, for pages that cannot make up good keys of their own.
+//!
+//! The policy is told to clients on request: [`IdempotencyLayer::expiry_header`] says on each
+//! stored response until when it is replayed, and [`IdempotencyLayer::openapi`] describes the
+//! guarded routes as an OpenAPI 3.1 fragment ([`openapi`]), generated from the layer itself.
 
 #![deny(missing_docs)]
 
@@ -41,6 +45,7 @@ pub mod client;
 pub mod header;
 pub mod json;
 mod layer;
+pub mod openapi;
 /// Problem details: the runtime's own (`idempotency::problem`), shared with `Error`'s
 /// `IntoResponse`.
 pub use idempotent_core::problem;

@@ -70,6 +70,8 @@ pub(crate) struct Policy {
     pub(crate) replay_header: HeaderName,
     pub(crate) store_if: StorePredicate,
     pub(crate) client: ClientScope,
+    /// Keys are scoped per client (`per_client`), not shared (`shared_keys`).
+    pub(crate) per_client: bool,
     pub(crate) lenient_header: bool,
     /// JSON bodies compared by their canonical form (`json.rs`).
     pub(crate) json_fingerprint: bool,

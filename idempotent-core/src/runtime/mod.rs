@@ -168,11 +168,6 @@ impl Idempotency {
         Ok(Idempotency::builder(store).with_vars(&vars)?.build())
     }
 
-    /// The lease of calls that set none.
-    pub(crate) fn default_ttl(&self) -> Duration {
-        self.inner.ttl
-    }
-
     /// `key`'s turn among the callers of this runtime that wait for the lock (see `turns`), by
     /// `deadline` at the latest, unless `max_waiters_per_key` hold or wait for it already.
     pub(crate) async fn lock_turn(&self, key: &str, deadline: Instant) -> Result<Turn, NoTurn> {
@@ -210,6 +205,25 @@ impl Idempotency {
     /// The store.
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.inner.store
+    }
+
+    /// How long a call's lease lasts unless the call sets its own (`IdempotencyBuilder::default_ttl`).
+    pub fn default_ttl(&self) -> Duration {
+        self.inner.ttl
+    }
+
+    /// How long a completed result is kept for replay unless the call sets its own
+    /// (`IdempotencyBuilder::default_keep`).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idempotent_core::{Idempotency, MemoryStore};
+    ///
+    /// let idem = Idempotency::builder(MemoryStore::new()).default_keep(Duration::from_secs(3600)).build();
+    /// assert_eq!(idem.default_keep(), Duration::from_secs(3600));
+    /// ```
+    pub fn default_keep(&self) -> Duration {
+        self.inner.keep
     }
 }
 
