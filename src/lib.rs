@@ -137,3 +137,13 @@ pub mod __private {
 /// tower layer for axum. See [`idempotent_http`].
 #[cfg(feature = "axum")]
 pub use idempotent_http as http;
+
+/// The test kit: the standard scenarios pointed at your own function ([`testing::function`])
+/// or, with the `axum` feature, your own route ([`testing::route`]), and a pass-through runtime
+/// for unit tests. See `docs/testing.md`.
+#[cfg(feature = "testing")]
+pub mod testing {
+    pub use idempotent_core::testing::*;
+    #[cfg(feature = "axum")]
+    pub use idempotent_http::testing::{route, Route};
+}

@@ -53,6 +53,8 @@ pub mod problem;
 mod runtime;
 pub mod store;
 pub mod telemetry;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod token;
 mod watchdog;
 #[cfg(feature = "axum")]

@@ -52,6 +52,8 @@ pub use idempotent_core::problem;
 mod policy;
 mod service;
 mod stored;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod token;
 
 pub use header::IDEMPOTENCY_KEY;

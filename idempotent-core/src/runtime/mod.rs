@@ -207,6 +207,12 @@ impl Idempotency {
         &self.inner.store
     }
 
+    /// Whether `self` and `other` are the same runtime (clones of one).
+    #[cfg(feature = "testing")]
+    pub(crate) fn same_runtime(&self, other: &Idempotency) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     /// How long a call's lease lasts unless the call sets its own (`IdempotencyBuilder::default_ttl`).
     pub fn default_ttl(&self) -> Duration {
         self.inner.ttl

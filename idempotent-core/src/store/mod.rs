@@ -29,7 +29,7 @@ mod channels;
 pub(crate) mod credentials;
 mod expiry;
 mod future;
-mod join;
+pub(crate) mod join;
 pub mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;
