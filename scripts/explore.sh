@@ -7,11 +7,12 @@
 #   default is both). redis, valkey, cluster, postgres: the layer on real servers started here,
 #   faults from outside (tests/explore_servers.rs); servers: all four. all: both layers, side by
 #   side, each for the whole time.
-# --plant release-owner | late-acquire | no-refill | inbox-owner: plants a known bug for the run
-#   (the owner check of lua/release.lua removed; a body started without looking at its lease;
-#   PostgreSQL pools that never refill in the background; the owner check of the statement that
-#   writes a transactional batch's records removed) and puts the source back afterwards: the run
-#   must report a violation.
+# --plant release-owner | late-acquire | no-refill | inbox-owner | commit-on-drop: plants a known
+#   bug for the run (the owner check of lua/release.lua removed; a body started without looking
+#   at its lease; PostgreSQL pools that never refill in the background; the owner check of the
+#   statement that writes a transactional batch's records removed; a commit dropped with its
+#   caller, or past its deadline, instead of going on in the background) and puts the source back
+#   afterwards: the run must report a violation.
 # Prints each violation with its seed, the invariant, the schedule and its history (the
 # deterministic layer: the smallest schedule, shrunk), and as its last line `explored:
 # <schedules> schedules, <calls> calls, <faults> faults, <violations> violations`, the layers
@@ -65,7 +66,11 @@ case "$plant" in
         planted=idempotent-core/src/store/postgres/sql.rs; cp "$planted" "$planted.orig"
         sed -i "s/WHERE q.keep > 0 AND r.key = q.key AND r.state = 'P' AND r.owner = q.owner/WHERE q.keep > 0 AND r.key = q.key/" "$planted"
         grep -q "WHERE q.keep > 0 AND r.key = q.key$" "$planted" || { echo "explore: could not plant $plant" >&2; exit 2; } ;;
-    *) echo "explore: --plant $plant: release-owner, late-acquire, no-refill or inbox-owner" >&2; exit 2 ;;
+    commit-on-drop)
+        planted=idempotent-core/src/runtime/commit.rs; cp "$planted" "$planted.orig"
+        sed -i "s/let Some(retries) = self.0.take() else { return };/let Some(retries) = self.0.take() else { return }; if true { return; }/" "$planted"
+        grep -q "if true { return; }" "$planted" || { echo "explore: could not plant $plant" >&2; exit 2; } ;;
+    *) echo "explore: --plant $plant: release-owner, late-acquire, no-refill, inbox-owner or commit-on-drop" >&2; exit 2 ;;
 esac
 [ -n "$plant" ] && echo "explore: planted $plant in $planted (put back when the run ends)"
 

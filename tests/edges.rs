@@ -375,3 +375,41 @@ async fn a_forget_that_overtakes_a_retried_commit_is_undone_by_it() {
     let after: Result<u32, Error> = idem.run(Call::new("k"), || async { Ok(3) }).await;
     assert_eq!(after.unwrap(), 3, "a forget after the call returned did not stick");
 }
+
+/// A caller dropped during its commit (an outer timeout, a `select!`, a client that went away)
+/// after its body returned: the commit goes on in the background, so the key is not left in
+/// progress to come free after its lease for a retry to run the body a second time. Two windows:
+/// the first attempt still on its way (here held by the kit's store), and the retries' backoff
+/// after a first attempt that failed (the store away). Found by the test kit's cancelled-caller
+/// scenario on a body with no await after its effect.
+#[tokio::test]
+async fn a_call_dropped_during_its_commit_still_stores_its_result() {
+    use idempotency::testing::TestStore;
+    for window in ["first attempt in flight", "retry backoff"] {
+        let store = Arc::new(TestStore::new());
+        let idem = Idempotency::builder_shared(store.clone()).build();
+        let runs = counter();
+        let call = || Call::new("k").ttl(Duration::from_secs(1));
+        let body = |runs: Arc<AtomicUsize>| move || async move { Ok::<_, Error>(runs.fetch_add(1, SeqCst) + 1) };
+        store.hold_commits();
+        let mut first = Box::pin(idem.run(call(), body(runs.clone())));
+        // Driven until its body has run and its commit is held...
+        let _ = tokio::time::timeout(Duration::from_millis(10), &mut first).await;
+        assert_eq!(runs.load(SeqCst), 1, "{window}");
+        if window == "retry backoff" {
+            // ... then failed once (the store away), and backing off before the next attempt.
+            store.go_away();
+            store.let_commits_through();
+            let _ = tokio::time::timeout(Duration::from_millis(10), &mut first).await;
+            assert_eq!(store.commands().1, 0, "no commit reached the records");
+        }
+        drop(first);
+        store.let_commits_through();
+        store.come_back();
+        // Past the lease: without the commit the key would be free now.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let again = idem.run(call(), body(runs.clone())).await;
+        assert_eq!(again.unwrap(), 1, "{window}: the retry was not answered with the stored result");
+        assert_eq!(runs.load(SeqCst), 1, "{window}: the body ran again after its caller was dropped during the commit");
+    }
+}

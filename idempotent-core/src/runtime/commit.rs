@@ -47,10 +47,20 @@ impl Idempotency {
         // The common case, inline and without copying anything.
         let generation = self.inner.cache_generation();
         let sent = Instant::now();
+        // A caller dropped from here on (an outer timeout, a `select!`) leaves its commit to the
+        // background: the body ran, and a key left in progress would be free again after its
+        // lease, for a retry to run the body a second time.
+        let mut unsettled = Unsettled { inner: &self.inner, request: Some(request), lease_end, sent, generation };
         let first = match self.inner.store.commit(request).await {
             Err(e) if e.may_succeed_later() => e,
-            outcome => return self.inner.committed(&request, outcome, sent, generation),
+            outcome => {
+                unsettled.request = None;
+                return self.inner.committed(&request, outcome, sent, generation);
+            }
         };
+        // Settled: the retries below own what they store, and are handed over the same way.
+        unsettled.request = None;
+        drop(unsettled);
         tracing::warn!(key = %telemetry::logged_key(key), error = %first, "idempotency commit failed; retrying");
         let pending = PendingCommit {
             key: key.to_owned(),
@@ -62,10 +72,17 @@ impl Idempotency {
         };
         // A retry's cached copy still ends `keep` after this first send: the record may have
         // been written by it, whatever the retry that confirms it finds.
-        let mut retries = Box::pin(self.inner.clone().retry_commit(pending, lease_end, sent, generation));
+        // Dropped unfinished (the deadline passed, or the caller went away), the retries go on
+        // in the background.
+        let mut retries =
+            InBackground(Some(Box::pin(self.inner.clone().retry_commit(pending, lease_end, sent, generation))));
+        let Some(running) = retries.0.as_mut() else { unreachable!("just set") };
         // The deadline counts from the first attempt, not from its failure.
-        match tokio::time::timeout_at(sent + self.inner.commit_deadline, &mut retries).await {
-            Ok(outcome) => outcome,
+        match tokio::time::timeout_at(sent + self.inner.commit_deadline, running).await {
+            Ok(outcome) => {
+                retries.0 = None;
+                outcome
+            }
             Err(_) => {
                 tracing::warn!(
                     key = %telemetry::logged_key(key),
@@ -73,12 +90,6 @@ impl Idempotency {
                     "idempotency result not stored within the commit deadline; the caller gets its value, \
                      storing goes on in the background until the lease would end"
                 );
-                if let Some(slot) = crate::store::background::slot("commit") {
-                    tokio::spawn(async move {
-                        let _slot = slot;
-                        retries.await
-                    });
-                }
                 Ok(false)
             }
         }
@@ -113,6 +124,55 @@ impl Idempotency {
             keep: self.keep_for(call, held),
             result: replayable(key, encoded),
             fingerprint: held.fingerprint.clone(),
+        }
+    }
+}
+
+/// A commit whose first attempt has not settled: dropped with its request still in it (its
+/// caller went away), it hands the commit, owned, to the background retries.
+struct Unsettled<'a> {
+    inner: &'a Arc<Inner>,
+    request: Option<CommitRequest<'a>>,
+    lease_end: Instant,
+    sent: Instant,
+    generation: u64,
+}
+
+impl Drop for Unsettled<'_> {
+    fn drop(&mut self) {
+        let Some(r) = self.request.take() else { return };
+        tracing::warn!(
+            key = %telemetry::logged_key(r.key),
+            "idempotency call dropped during its commit; storing its result in the background"
+        );
+        let pending = PendingCommit {
+            key: r.key.to_owned(),
+            owner: r.owner.to_owned(),
+            fence: r.fence,
+            keep: r.keep,
+            result: r.result.map(<[u8]>::to_vec),
+            fingerprint: r.fingerprint.map(str::to_owned),
+        };
+        let retries = self.inner.clone().retry_commit(pending, self.lease_end, self.sent, self.generation);
+        drop(InBackground(Some(Box::pin(retries))));
+    }
+}
+
+/// Commit retries that go on in the background when dropped unfinished, within the bound on
+/// background work (`MAX_BACKGROUND`), on the tokio runtime of the dropping task.
+struct InBackground<F: std::future::Future<Output = Result<bool, StoreError>> + Send + 'static>(
+    Option<std::pin::Pin<Box<F>>>,
+);
+
+impl<F: std::future::Future<Output = Result<bool, StoreError>> + Send + 'static> Drop for InBackground<F> {
+    fn drop(&mut self) {
+        let Some(retries) = self.0.take() else { return };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        if let Some(slot) = crate::store::background::slot("commit") {
+            runtime.spawn(async move {
+                let _slot = slot;
+                retries.await
+            });
         }
     }
 }

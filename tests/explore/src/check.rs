@@ -25,7 +25,8 @@
 //! somewhere between its sending and its answer, so a violation is reported only when every
 //! order consistent with the history breaks the invariant. The documented exceptions (a record
 //! the store lost, an operator's forced purge, a commit through an outage longer than the lease,
-//! a caller that dropped its call during the commit) are counted by name, not reported.
+//! a caller that dropped its call during a commit that a later holder overtook) are counted by
+//! name, not reported.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -563,9 +564,33 @@ pub fn check(events: &[(Micros, Event)]) -> Report {
         }
         match &x.returned {
             Some((_, Returned::Ok { stored: false, .. } | Returned::Err(_) | Returned::Panicked)) => continue,
-            Some((_, Returned::Cancelled)) => {
-                *exceptions.entry("caller dropped its call during the commit").or_default() += 1;
-                continue;
+            Some((cancelled_at, Returned::Cancelled)) => {
+                // Its commit goes on in the background: judged below like any other, unless a
+                // later holder took the key first (nobody is left to tell). A commit never sent
+                // again after the caller went away was dropped with it: the key comes free after
+                // its lease, for a retry to run the body a second time.
+                if commits(&r.ops, &xb.owner).any(|o| matches!(&o.answer, Some((_, OpResult::Lost)))) {
+                    *exceptions
+                        .entry("caller dropped its call during the commit; a later holder took the key")
+                        .or_default() += 1;
+                    continue;
+                }
+                // Still on its way after the caller went away: sent after, or answered after.
+                let went_on = commits(&r.ops, &xb.owner)
+                    .any(|o| o.sent > *cancelled_at || o.answer.as_ref().is_none_or(|(at, _)| *at > *cancelled_at));
+                let ended_at = xb.end.as_ref().map_or(Micros::MAX, |(t, _)| *t);
+                if !went_on && !taken_away(&x.key, x.invoke, ended_at) {
+                    violation(
+                        "I7",
+                        &x.key,
+                        format!(
+                            "call #{}'s body returned {value:?}, its caller dropped the call during the commit, and the \
+                             commit was dropped with it",
+                            x.id
+                        ),
+                    );
+                    continue;
+                }
             }
             _ => {}
         }
@@ -929,5 +954,33 @@ mod tests {
             .op(10 * MS, 20 * MS, 0, OpKind::Commit, OpResult::Lost)
             .ret(20 * MS, 0, Returned::Ok { value: "v0".into(), replayed: false, cached: false, stored: false });
         assert_eq!(told.check(), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn i7_a_commit_dropped_with_its_caller() {
+        let dropped = |then: Option<OpResult>| {
+            let h = H::default()
+                .invoke(0, 0, 1000)
+                .op(0, 0, 0, OpKind::Acquire, OpResult::Acquired { fence: 1 })
+                .body(0, 10 * MS, 0, 1)
+                .op(10 * MS, 15 * MS, 0, OpKind::Commit, OpResult::NoReply)
+                .ret(15 * MS, 0, Returned::Cancelled);
+            match then {
+                Some(result) => h.op(40 * MS, 45 * MS, 0, OpKind::Commit, result),
+                None => h,
+            }
+        };
+        assert_eq!(dropped(None).check(), vec!["I7"], "the commit was not sent again");
+        // An attempt answered after the caller went away went on without it: through an outage
+        // longer than the lease here.
+        let went_on = H::default()
+            .invoke(0, 0, 1000)
+            .op(0, 0, 0, OpKind::Acquire, OpResult::Acquired { fence: 1 })
+            .body(0, 10 * MS, 0, 1)
+            .op(10 * MS, 1500 * MS, 0, OpKind::Commit, OpResult::NoReply)
+            .ret(15 * MS, 0, Returned::Cancelled);
+        assert_eq!(went_on.check(), Vec::<&str>::new());
+        assert_eq!(dropped(Some(OpResult::Done)).check(), Vec::<&str>::new(), "stored in the background");
+        assert_eq!(dropped(Some(OpResult::Lost)).check(), Vec::<&str>::new(), "a later holder took the key");
     }
 }
