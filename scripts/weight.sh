@@ -4,7 +4,7 @@
 # feature set, each using what it enables (so that the linker keeps it). Prints one row per
 # variant: cold build seconds, crates compiled, binary bytes (as built, and stripped), and the
 # difference from plain axum. The README's weight table comes from this script.
-#   bash scripts/weight.sh [VARIANT...]     variants: axum redis default axum-layer metrics postgres
+#   bash scripts/weight.sh [VARIANT...]     variants: axum redis default axum-layer metrics postgres tonic
 # redis is the default features without tls (rediss:// with rustls). With WEIGHT_CRATES=1, each
 # variant also lists the crates its code comes from, largest first (the sizes of the symbols
 # `nm` finds, by the crate that leads their demangled path: what `cargo bloat --crates` shows).
@@ -35,6 +35,15 @@ async fn main() {
         let done: Result<u32, idempotency::Error> =
             idem.run(idempotency::Call::new("start").scope("svc"), || async { Ok(1) }).await;
         println!("{done:?}");
+        #[cfg(feature = "grpc")]
+        {
+            // The gRPC layer around a service, as tonic's Server::layer puts it.
+            let layer = idempotency::grpc::GrpcIdempotencyLayer::shared_keys(idem.clone());
+            let svc = tower_layer::Layer::layer(&layer, tower::service_fn(|_: http::Request<tonic::body::Body>| async {
+                Ok::<_, std::convert::Infallible>(http::Response::new(tonic::body::Body::empty()))
+            }));
+            println!("{svc:?}");
+        }
         #[cfg(feature = "layer")]
         {
             app = app.route_layer(idempotency::http::IdempotencyLayer::shared_keys(idem));
@@ -66,6 +75,13 @@ layer = ["idem"]' ;;
         postgres) dep='idempotency = { path = "ROOT", features = ["axum", "metrics", "postgres"], optional = true }' feats='idem = ["dep:idempotency"]
 layer = ["idem"]
 pg = ["idem"]' ;;
+        tonic) dep='idempotency = { path = "ROOT", features = ["axum", "tonic"], optional = true }
+tonic = { version = "0.14", default-features = false }
+tower = { version = "0.5", features = ["util"] }
+tower-layer = "0.3"
+http = "1"' feats='idem = ["dep:idempotency"]
+layer = ["idem"]
+grpc = ["idem"]' ;;
         *) echo "weight: unknown variant $v" >&2; exit 2 ;;
     esac
     on=$(echo "$feats" | sed -n 's/^\([a-z]*\) =.*/\1/p' | paste -sd, -)

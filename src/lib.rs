@@ -137,6 +137,9 @@ pub mod __private {
 /// tower layer for axum. See [`idempotent_http`].
 #[cfg(feature = "axum")]
 pub use idempotent_http as http;
+/// The gRPC layer for tonic servers (feature `tonic`): `idempotency::grpc::GrpcIdempotencyLayer`.
+#[cfg(feature = "tonic")]
+pub use idempotent_http::grpc;
 
 /// The test kit: the standard scenarios pointed at your own function ([`testing::function`])
 /// or, with the `axum` feature, your own route ([`testing::route`]), and a pass-through runtime

@@ -42,6 +42,9 @@
 #![deny(missing_docs)]
 
 pub mod client;
+mod failure;
+#[cfg(feature = "grpc")]
+pub mod grpc;
 pub mod header;
 pub mod json;
 mod layer;

@@ -12,9 +12,10 @@ use http::header::HeaderValue;
 use http::{request, response, Request, Response};
 use http_body::Body as HttpBody;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use idempotent_core::{Call, Error};
+use idempotent_core::Call;
 use tower_service::Service;
 
+use crate::failure::Failure;
 use crate::header::{parse_key_with, KeyError, IDEMPOTENCY_KEY};
 use crate::json;
 use crate::policy::{problem_for, KeyMode, Policy, Ran, IDEMPOTENCY_KEY_EXPIRES};
@@ -39,24 +40,6 @@ impl<S> IdempotencyService<S> {
 impl<S> std::fmt::Debug for IdempotencyService<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IdempotencyService").field("scope", &self.policy.scope).finish_non_exhaustive()
-    }
-}
-
-/// Why the guarded body did not produce a response to store; every one releases the key.
-enum Failure<E> {
-    /// The runtime refused (conflict, key reused, store down...).
-    Idem(Error),
-    /// The handler answered with a response not to store (a 5xx): passed through.
-    NotStored(Response<Body>),
-    /// The handler's response body failed.
-    Unreadable(String),
-    /// The inner service failed.
-    Inner(E),
-}
-
-impl<E> From<Error> for Failure<E> {
-    fn from(e: Error) -> Self {
-        Failure::Idem(e)
     }
 }
 
@@ -213,7 +196,7 @@ where
             }
             let stored = StoredResponse::capture(&head, &bytes, &policy.stored_headers);
             *first.lock().unwrap_or_else(|p| p.into_inner()) = Some((head, bytes));
-            Ok::<_, Failure<S::Error>>(stored)
+            Ok::<_, Failure<S::Error, Response<Body>>>(stored)
         })
         .await;
     let first = first.into_inner().unwrap_or_else(|p| p.into_inner());
@@ -296,7 +279,7 @@ fn prepare(policy: &Policy, parts: &request::Parts) -> Result<Option<Call>, Prob
 #[cfg(test)]
 mod tests {
     use super::*;
-    use idempotent_core::{Idempotency, MemoryStore, StoreError, StoreErrorKind};
+    use idempotent_core::{Error, Idempotency, MemoryStore, StoreError, StoreErrorKind};
 
     /// A commit the replicas did not acknowledge came after the handler ran: not "nothing ran,
     /// retry later" (503 store-unavailable) but its own problem, saying a retry replays it.

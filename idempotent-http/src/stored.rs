@@ -27,29 +27,50 @@ pub struct StoredResponse {
 
 /// One stored header line.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-struct StoredHeader {
+pub(crate) struct StoredHeader {
     name: String,
     #[serde(flatten)]
     value: StoredBytes,
 }
 
+impl StoredHeader {
+    /// A header line, its value as text when it is visible ASCII.
+    pub(crate) fn new(name: &HeaderName, value: &HeaderValue) -> Self {
+        StoredHeader {
+            name: name.as_str().to_owned(),
+            value: StoredBytes::new(value.as_bytes(), |b| {
+                std::str::from_utf8(b).ok().filter(|s| s.bytes().all(|c| c == b'\t' || (0x20..0x7f).contains(&c)))
+            }),
+        }
+    }
+
+    /// The line back, or why it does not decode.
+    pub(crate) fn decode(&self) -> Result<(HeaderName, HeaderValue), String> {
+        let name = HeaderName::from_bytes(self.name.as_bytes())
+            .map_err(|e| format!("stored header name {:?}: {e}", self.name))?;
+        let value = HeaderValue::from_bytes(&self.value.bytes()?)
+            .map_err(|e| format!("stored value of header {:?}: {e}", self.name))?;
+        Ok((name, value))
+    }
+}
+
 /// Bytes as text when they are text, else base64.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-enum StoredBytes {
+pub(crate) enum StoredBytes {
     Text(String),
     Base64(String),
 }
 
 impl StoredBytes {
-    fn new(bytes: &[u8], text: impl Fn(&[u8]) -> Option<&str>) -> Self {
+    pub(crate) fn new(bytes: &[u8], text: impl Fn(&[u8]) -> Option<&str>) -> Self {
         match text(bytes) {
             Some(s) => StoredBytes::Text(s.to_owned()),
             None => StoredBytes::Base64(BASE64.encode(bytes)),
         }
     }
 
-    fn bytes(&self) -> Result<Vec<u8>, String> {
+    pub(crate) fn bytes(&self) -> Result<Vec<u8>, String> {
         match self {
             StoredBytes::Text(s) => Ok(s.as_bytes().to_vec()),
             StoredBytes::Base64(b) => BASE64.decode(b).map_err(|e| format!("bad base64: {e}")),
@@ -79,12 +100,7 @@ impl StoredResponse {
             .iter()
             .chain(extra)
             .flat_map(|name| parts.headers.get_all(name).iter().map(move |v| (name, v)))
-            .map(|(name, value)| StoredHeader {
-                name: name.as_str().to_owned(),
-                value: StoredBytes::new(value.as_bytes(), |b| {
-                    std::str::from_utf8(b).ok().filter(|s| s.bytes().all(|c| c == b'\t' || (0x20..0x7f).contains(&c)))
-                }),
-            })
+            .map(|(name, value)| StoredHeader::new(name, value))
             .collect();
         StoredResponse {
             status: parts.status.as_u16(),
@@ -105,16 +121,7 @@ impl StoredResponse {
 
     /// The stored header lines, decoded.
     pub fn headers(&self) -> Result<Vec<(HeaderName, HeaderValue)>, String> {
-        self.headers
-            .iter()
-            .map(|h| {
-                let name = HeaderName::from_bytes(h.name.as_bytes())
-                    .map_err(|e| format!("stored header name {:?}: {e}", h.name))?;
-                let value = HeaderValue::from_bytes(&h.value.bytes()?)
-                    .map_err(|e| format!("stored value of header {:?}: {e}", h.name))?;
-                Ok((name, value))
-            })
-            .collect()
+        self.headers.iter().map(StoredHeader::decode).collect()
     }
 
     /// The replay: the stored status, headers and body, plus the `marker` header.
