@@ -2,7 +2,12 @@
 //! status and metadata exactly; a retry in flight is ABORTED with retry-after; another message
 //! under the key is FAILED_PRECONDITION; a client whose deadline passed and retries is charged
 //! once; statuses that are not stored run again; streaming calls are refused; keys are apart per
-//! client. Messages are prost derives written by hand (no protoc at build time).
+//! client; a server killed mid-call leaves the key held for its lease, then a retry runs. Messages
+//! are prost derives written by hand (no protoc at build time).
+
+#[path = "../../tests/support/mod.rs"]
+#[allow(unused_macros)]
+mod support;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -336,4 +341,145 @@ async fn a_store_that_is_away_answers_unavailable_and_runs_nothing() {
     store.come_back();
     c.call(CREATE, Some("k"), tea(0), "c1").await.unwrap();
     assert_eq!(s.orders.made.load(SeqCst), 1);
+}
+
+/// A server process of its own for `a_server_killed_mid_call_holds_the_key_for_its_lease`, on
+/// the Redis at `IDEM_GRPC_REDIS`, port `IDEM_GRPC_PORT`: each order is counted in Redis (the
+/// effect, which outlives the process) and answered two seconds later.
+#[tokio::test]
+#[ignore = "run by a_server_killed_mid_call_holds_the_key_for_its_lease"]
+async fn grpc_server_child() {
+    let url = std::env::var("IDEM_GRPC_REDIS").unwrap();
+    let port: u16 = std::env::var("IDEM_GRPC_PORT").unwrap().parse().unwrap();
+    let store = idempotency::RedisStore::connect(&url).await.unwrap();
+    let idem = Idempotency::new(store.clone());
+    let counter: u16 = std::env::var("IDEM_GRPC_REDIS_PORT").unwrap().parse().unwrap();
+    let layer = GrpcIdempotencyLayer::per_client(idem, by_client).ttl(Duration::from_secs(3));
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.unwrap();
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let service = Charging(counter);
+    println!("LISTENING");
+    tonic::transport::Server::builder().layer(layer).add_service(service).serve_with_incoming(incoming).await.unwrap();
+}
+
+/// Charges through Redis (`INCR charges` on the server at this port), then answers after two
+/// seconds.
+#[derive(Clone)]
+struct Charging(u16);
+
+impl tonic::server::NamedService for Charging {
+    const NAME: &'static str = "orders.Orders";
+}
+
+struct ChargeCall(u16);
+
+impl tonic::server::UnaryService<CreateOrder> for ChargeCall {
+    type Response = Order;
+    type Future = BoxFuture<Result<tonic::Response<Order>, Status>>;
+
+    fn call(&mut self, request: tonic::Request<CreateOrder>) -> Self::Future {
+        let port = self.0;
+        Box::pin(async move {
+            let incr = tokio::task::spawn_blocking(move || support::command_at(port, &["INCR", "charges"]));
+            let charged = incr.await.map_err(|e| Status::internal(e.to_string()))?.map_err(Status::internal)?;
+            let id: u64 = charged.trim().parse().map_err(|_| Status::internal(charged.clone()))?;
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            Ok(tonic::Response::new(Order { id, item: request.into_inner().item }))
+        })
+    }
+}
+
+impl tower_service::Service<http::Request<Body>> for Charging {
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<http::Response<Body>, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+        let call = ChargeCall(self.0);
+        Box::pin(async move { Ok(tonic::server::Grpc::new(ProstCodec::default()).unary(call, req).await) })
+    }
+}
+
+struct ServerProcess(std::process::Child);
+
+impl ServerProcess {
+    fn start(redis: &support::RedisServer, port: u16) -> ServerProcess {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["grpc_server_child", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+            .env("IDEM_GRPC_REDIS", redis.url())
+            .env("IDEM_GRPC_REDIS_PORT", redis.port().to_string())
+            .env("IDEM_GRPC_PORT", port.to_string())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn the server");
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        while !line.contains("LISTENING") {
+            line.clear();
+            assert!(out.read_line(&mut line).unwrap() > 0, "the server exited before it listened");
+        }
+        ServerProcess(child)
+    }
+
+    fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// SIGKILL during a call, after its charge: the key stays held for the lease (3 s, renewed while
+/// the process lived), so a retry on the next server is ABORTED rather than charged again; once
+/// the lease has run out the retry runs, as any layer's does after a crash between the effect
+/// and the commit (docs/guarantees.md), and later retries replay it.
+#[tokio::test]
+async fn a_server_killed_mid_call_holds_the_key_for_its_lease() {
+    let redis = support::RedisServer::start();
+    let port = support::process::free_port();
+    let mut first = ServerProcess::start(&redis, port);
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut c = Client::connect(addr).await;
+    let call = tokio::spawn(async move { c.call(CREATE, Some("k"), tea(0), "c1").await });
+    let charges = || redis.command(&["GET", "charges"]).unwrap_or_default();
+    for _ in 0..500 {
+        if charges() == "1" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(charges(), "1", "the first call charged");
+    first.kill();
+    assert!(call.await.unwrap().is_err(), "the killed server answered nothing");
+
+    let _second = ServerProcess::start(&redis, port);
+    let mut c = Client::connect(addr).await;
+    let held = c.call(CREATE, Some("k"), tea(0), "c1").await.unwrap_err();
+    assert_eq!(held.code(), Code::Aborted, "the dead server's lease still holds the key: {held:?}");
+    assert_eq!(charges(), "1");
+    let mut order = None;
+    for _ in 0..200 {
+        match c.call(CREATE, Some("k"), tea(0), "c1").await {
+            Ok((o, _)) => {
+                order = Some(o);
+                break;
+            }
+            Err(status) if status.code() == Code::Aborted => tokio::time::sleep(Duration::from_millis(50)).await,
+            Err(other) => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(order.expect("a retry ran after the lease").id, 2, "after the lease the retry charged again");
+    let (again, meta) = c.call(CREATE, Some("k"), tea(0), "c1").await.unwrap();
+    assert_eq!((again.id, meta.get("idempotent-replayed").unwrap().to_str().unwrap()), (2, "true"));
+    assert_eq!(charges(), "2");
 }
