@@ -34,6 +34,10 @@ use crate::Store;
 /// ```
 pub struct TestStore {
     inner: RwLock<Arc<MemoryStore>>,
+    /// The owners that acquired a key since the last reset: a command of an owner from before it
+    /// (a background commit or release of an earlier scenario) finds its key taken, so that it
+    /// cannot write into the next scenario's records.
+    owners: std::sync::Mutex<std::collections::HashSet<String>>,
     away: AtomicBool,
     /// `true` while commits wait.
     holding: watch::Sender<bool>,
@@ -62,6 +66,7 @@ impl TestStore {
     pub fn new() -> Self {
         TestStore {
             inner: RwLock::new(Arc::new(MemoryStore::new())),
+            owners: std::sync::Mutex::default(),
             away: AtomicBool::new(false),
             holding: watch::channel(false).0,
             acquires: AtomicUsize::new(0),
@@ -97,10 +102,11 @@ impl TestStore {
         self.holding.send_replace(false);
     }
 
-    /// Starts afresh: no records, there, letting commits through. Between scenarios, with no
-    /// call in flight.
+    /// Starts afresh: no records, there, letting commits through; the commands of owners from
+    /// before (background work of an earlier call) find their keys taken. Between scenarios.
     pub fn reset(&self) {
         *self.inner.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(MemoryStore::new());
+        self.owners.lock().unwrap_or_else(|e| e.into_inner()).clear();
         self.come_back();
         self.let_commits_through();
     }
@@ -113,6 +119,11 @@ impl TestStore {
             self.commits.load(Ordering::SeqCst),
             self.releases.load(Ordering::SeqCst),
         )
+    }
+
+    /// Whether `owner` acquired a key since the last reset.
+    fn current(&self, owner: &str) -> bool {
+        self.owners.lock().unwrap_or_else(|e| e.into_inner()).contains(owner)
     }
 
     fn records(&self) -> Result<Arc<MemoryStore>, StoreError> {
@@ -130,7 +141,13 @@ impl Store for TestStore {
             Err(e) => return StoreFuture::ready(Err(e)),
         };
         self.acquires.fetch_add(1, Ordering::SeqCst);
-        StoreFuture::new(async move { records.acquire(request).await })
+        StoreFuture::new(async move {
+            let outcome = records.acquire(request).await;
+            if let Ok(AcquireOutcome::Acquired { .. }) = &outcome {
+                self.owners.lock().unwrap_or_else(|e| e.into_inner()).insert(request.owner.to_owned());
+            }
+            outcome
+        })
     }
 
     fn fence<'a>(&'a self, key: &'a str, owner: &'a str) -> StoreFuture<'a, Result<Option<u64>, StoreError>> {
@@ -153,6 +170,9 @@ impl Store for TestStore {
             // Held: wait here; a caller that drops this future leaves the record as it was.
             let _ = holding.wait_for(|held| !held).await;
             let records = self.records()?;
+            if !self.current(request.owner) {
+                return Ok(Transition::Lost);
+            }
             self.commits.fetch_add(1, Ordering::SeqCst);
             records.commit(request).await
         })
@@ -163,6 +183,9 @@ impl Store for TestStore {
             Ok(records) => records,
             Err(e) => return StoreFuture::ready(Err(e)),
         };
+        if !self.current(owner) {
+            return StoreFuture::ready(Ok(Transition::Lost));
+        }
         self.releases.fetch_add(1, Ordering::SeqCst);
         StoreFuture::new(async move { records.release(key, owner).await })
     }
@@ -186,5 +209,52 @@ impl Store for TestStore {
             Ok(records) => StoreFuture::new(async move { records.forget(key, force).await }),
             Err(e) => StoreFuture::ready(Err(e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn acquire(owner: &str) -> AcquireRequest<'_> {
+        AcquireRequest {
+            key: "k",
+            owner,
+            lease: Duration::from_secs(5),
+            fingerprint: None,
+            will_wait: false,
+            report_ttl: false,
+            fence_now: false,
+        }
+    }
+
+    fn commit(owner: &str) -> CommitRequest<'_> {
+        CommitRequest {
+            key: "k",
+            owner,
+            fence: 0,
+            keep: Duration::from_secs(60),
+            result: Some(b"1"),
+            fingerprint: None,
+        }
+    }
+
+    /// A commit or release left over from before a reset (an earlier scenario's background work)
+    /// never writes into the records after it.
+    #[tokio::test]
+    async fn commands_from_before_a_reset_find_their_keys_taken() {
+        let store = TestStore::new();
+        assert!(matches!(store.acquire(acquire("a")).await.unwrap(), AcquireOutcome::Acquired { .. }));
+        store.reset();
+        assert_eq!(store.commit(commit("a")).await.unwrap(), Transition::Lost);
+        assert_eq!(store.release("k", "a").await.unwrap(), Transition::Lost);
+        assert!(
+            matches!(store.acquire(acquire("b")).await.unwrap(), AcquireOutcome::Acquired { .. }),
+            "the key is free"
+        );
+        assert_eq!(store.commit(commit("b")).await.unwrap(), Transition::Done);
+        assert_eq!(store.commands(), (2, 1, 0));
     }
 }

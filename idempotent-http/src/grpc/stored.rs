@@ -49,8 +49,11 @@ impl StoredCall {
             }
             Ok(map)
         };
+        // A trailers-only response (a status without a message) has its status in its headers
+        // and no trailers: played back the same way.
         let trailers = decode(&self.trailers)?;
-        let mut response = Response::new(Frames::new(Bytes::from(self.body.bytes()?), Some(trailers)));
+        let trailers = (!trailers.is_empty()).then_some(trailers);
+        let mut response = Response::new(Frames::new(Bytes::from(self.body.bytes()?), trailers));
         *response.status_mut() = StatusCode::OK;
         *response.headers_mut() = decode(&self.headers)?;
         response.headers_mut().insert(marker, http::HeaderValue::from_static("true"));
