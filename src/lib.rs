@@ -84,6 +84,25 @@ pub mod __private {
     #[inline(always)]
     pub fn check_return<R: IdempotentReturn>() {}
 
+    /// The return types of an `#[idempotent(on_error = store)]` function: its error is stored too.
+    #[diagnostic::on_unimplemented(
+        message = "with `on_error = store`, an `#[idempotent]` function's error is stored and replayed: `{Self}` does not serialize",
+        label = "expected `Result<T, E>` with `T` and `E: Serialize + DeserializeOwned`, and `E: From<idempotency::Error>`",
+        note = "the error is stored like the `Ok` value (serde); derive `Serialize` and `Deserialize` for it, or use `on_error = release`"
+    )]
+    pub trait IdempotentReturnKeepingErrors {}
+
+    impl<T, E> IdempotentReturnKeepingErrors for Result<T, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: Serialize + DeserializeOwned + From<idempotent_core::Error>,
+    {
+    }
+
+    /// [`check_return`] for `on_error = store`.
+    #[inline(always)]
+    pub fn check_return_keeping_errors<R: IdempotentReturnKeepingErrors>() {}
+
     /// The runtime an expansion runs on: the global one, or the `store = ...` expression's.
     pub trait Runtime {
         /// The runtime, `None` for a global one not initialised.

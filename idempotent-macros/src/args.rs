@@ -11,8 +11,8 @@ use syn::{parenthesized, Expr, Ident, LitBool, LitStr, Path, Token};
 use crate::duration::parse_duration;
 
 /// The arguments every attribute may take, for the "unknown argument" message.
-const KNOWN: &str = "key, mode, ttl, keep, on_duplicate, on_conflict, on_cancel, fingerprint, scope, \
-                     abort_on_lease_lost, store, tx, crate";
+const KNOWN: &str = "key, mode, ttl, keep, on_duplicate, on_conflict, on_cancel, on_error, fingerprint, \
+                     scope, abort_on_lease_lost, store, tx, crate";
 
 /// Parameter or token mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,6 +45,8 @@ pub(crate) struct Args {
     pub abort_on_lease_lost: Option<bool>,
     /// `on_cancel = finish` (the token that said it): a dropped call runs to its end.
     pub finish_on_cancel: Option<Ident>,
+    /// `on_error = store` (the token that said it): the body's `Err` is stored and replayed.
+    pub store_errors: Option<Ident>,
     pub store: Option<Expr>,
     /// `tx = <PgStore>`: the body runs in a transaction of that store.
     pub tx: Option<Expr>,
@@ -136,6 +138,14 @@ impl Parse for Args {
                         "release" => {}
                         "finish" => args.finish_on_cancel = Some(policy),
                         _ => return Err(syn::Error::new(policy.span(), "expected `release` or `finish`")),
+                    }
+                }
+                "on_error" => {
+                    let policy: Ident = value(input, &name)?;
+                    match policy.to_string().as_str() {
+                        "release" => {}
+                        "store" => args.store_errors = Some(policy),
+                        _ => return Err(syn::Error::new(policy.span(), "expected `release` or `store`")),
                     }
                 }
                 "store" => args.store = Some(value(input, &name)?),

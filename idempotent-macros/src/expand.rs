@@ -209,7 +209,10 @@ fn rewrite(args: &Args, function: &ItemFn) -> syn::Result<TokenStream> {
         Some(expr) => quote_spanned!(ret=> (#expr)),
         None => quote_spanned!(ret=> #private::global()),
     };
-    let check = quote_spanned!(ret=> #private::check_return::<#return_type>(););
+    let check = match &args.store_errors {
+        Some(_) => quote_spanned!(ret=> #private::check_return_keeping_errors::<#return_type>();),
+        None => quote_spanned!(ret=> #private::check_return::<#return_type>();),
+    };
     let block = &function.block;
     if let (Some(_), Some(finish)) = (&args.tx, &args.finish_on_cancel) {
         return Err(syn::Error::new(
@@ -217,6 +220,21 @@ fn rewrite(args: &Args, function: &ItemFn) -> syn::Result<TokenStream> {
             "`on_cancel = finish` does not go with `tx`: the transaction is the caller's, and a dropped call rolls it back",
         ));
     }
+    if let (Some(_), Some(store)) = (&args.tx, &args.store_errors) {
+        return Err(syn::Error::new(
+            store.span(),
+            "`on_error = store` does not go with `tx`: a body that fails rolls its transaction back, and its error with it",
+        ));
+    }
+    // `on_error = store`: the body's `Result` is the value stored; the runtime's own refusals
+    // stay outside it, and the two are one `Result` again for the caller.
+    let (block, kept) = match &args.store_errors {
+        Some(_) => (
+            quote_spanned!(ret=> { ::core::result::Result::Ok(async move #block.await) }),
+            quote_spanned!(ret=> .and_then(|__idem_kept| __idem_kept)),
+        ),
+        None => (quote!(#block), quote!()),
+    };
     let run = match (&args.tx, &transaction) {
         (Some(pg), Some((_, tx, ty))) => {
             // The transaction is owned by the body's future and lent to the function's block as
@@ -246,9 +264,9 @@ fn rewrite(args: &Args, function: &ItemFn) -> syn::Result<TokenStream> {
         // `on_cancel = finish`: the body moves to a task of its own (its arguments must be
         // `Send + 'static`), so that a dropped call runs to its end.
         _ if args.finish_on_cancel.is_some() => {
-            quote_spanned!(ret=> #store.run_to_completion(__idem_call, move || async move #block).await)
+            quote_spanned!(ret=> #store.run_to_completion(__idem_call, move || async move #block).await #kept)
         }
-        _ => quote_spanned!(ret=> #store.run(__idem_call, move || async move #block).await),
+        _ => quote_spanned!(ret=> #store.run(__idem_call, move || async move #block).await #kept),
     };
 
     let ItemFn { attrs, vis, sig, .. } = function;

@@ -20,6 +20,7 @@ mod batch;
 mod batch_committing;
 mod builder;
 mod commit;
+mod kept_errors;
 mod operations;
 mod pipeline;
 mod replay;
