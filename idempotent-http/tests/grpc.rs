@@ -59,6 +59,8 @@ type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 #[derive(Clone, Default)]
 struct Orders {
     made: Arc<AtomicUsize>,
+    /// The next call answers UNAVAILABLE, before making anything.
+    fail_next: Arc<std::sync::atomic::AtomicBool>,
 }
 
 struct CreateCall(Orders);
@@ -69,7 +71,11 @@ impl tonic::server::UnaryService<CreateOrder> for CreateCall {
 
     fn call(&mut self, request: tonic::Request<CreateOrder>) -> Self::Future {
         let made = self.0.made.clone();
+        let fail = self.0.fail_next.swap(false, SeqCst);
         Box::pin(async move {
+            if fail {
+                return Err(Status::unavailable("try again"));
+            }
             let order = request.into_inner();
             let delay = Duration::from_millis(order.delay_ms.into());
             if order.fail_with != 0 {
@@ -482,4 +488,34 @@ async fn a_server_killed_mid_call_holds_the_key_for_its_lease() {
     let (again, meta) = c.call(CREATE, Some("k"), tea(0), "c1").await.unwrap();
     assert_eq!((again.id, meta.get("idempotent-replayed").unwrap().to_str().unwrap()), (2, "true"));
     assert_eq!(charges(), "2");
+}
+
+/// The test kit on a gRPC method (`idempotency::grpc::testing::method`): the layered service
+/// passes every scenario; the same service without the layer fails them.
+#[tokio::test]
+async fn the_test_kit_passes_a_layered_method_and_fails_a_bare_one() {
+    use idempotency::grpc::testing::method;
+    use idempotency::testing::{Kit, Scenario, Verdict};
+    use prost::Message as _;
+    use tower_layer::Layer as _;
+
+    let kit = Kit::new();
+    let orders = Orders::default();
+    let layered = GrpcIdempotencyLayer::per_client(kit.idempotency(), by_client).layer(orders.clone());
+    let subject = method(layered, CREATE, tea(20).encode_to_vec())
+        .other_message(CreateOrder { quantity: 2, ..tea(20) }.encode_to_vec())
+        .metadata("x-client", "c1");
+    let (made, fail) = (orders.made.clone(), orders.fail_next.clone());
+    let report = kit.check_failing(subject, move || made.load(SeqCst), Some(move || fail.store(true, SeqCst))).await;
+    println!("{report}");
+    report.assert_passed();
+    assert!(report.outcomes.iter().all(|o| o.verdict == Verdict::Passed), "{report}");
+
+    let bare = Orders::default();
+    let subject = method(bare.clone(), CREATE, tea(20).encode_to_vec()).other_message(tea(0).encode_to_vec());
+    let made = bare.made.clone();
+    let report = Kit::new().duplicates(5).check(subject, move || made.load(SeqCst)).await;
+    println!("{report}");
+    assert_eq!(report.outcome(Scenario::ConcurrentDuplicates).unwrap().effects, 5, "{report}");
+    assert!(matches!(report.outcome(Scenario::AfterCompletion).unwrap().verdict, Verdict::Failed(_)), "{report}");
 }

@@ -32,6 +32,9 @@
 mod service;
 mod status;
 mod stored;
+/// The gRPC layer's methods as subjects of the test kit (feature `testing`).
+#[cfg(feature = "testing")]
+pub mod testing;
 
 use std::sync::Arc;
 use std::time::Duration;
