@@ -20,19 +20,20 @@
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
 //! use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 //! use std::sync::Arc;
-//! use idempotency::testing::{function, Kit};
+//! use idempotency::testing::{function, Kit, Scenario};
 //! use idempotency::{Call, Error};
 //!
 //! let kit = Kit::new();
 //! let sent = Arc::new(AtomicUsize::new(0));
 //! let (idem, counted) = (kit.idempotency(), sent.clone());
-//! // Cancelled after its effect, a body run with `run` is dropped with its caller, and the retry
-//! // sends the e-mail again: the kit says so.
+//! // Cancelled after its effect and before it returns, a body run with `run` is dropped with its
+//! // caller, and the retry sends the e-mail again: the kit says so.
 //! let send_receipt = move |order: u32| {
 //!     let (idem, sent) = (idem.clone(), counted.clone());
 //!     async move {
 //!         idem.run(Call::new(format!("receipt:{order}")), || async move {
 //!             sent.fetch_add(1, SeqCst);
+//!             tokio::time::sleep(std::time::Duration::from_millis(20)).await; // the mail server's answer
 //!             Ok::<_, Error>(String::from("sent"))
 //!         })
 //!         .await
@@ -41,6 +42,7 @@
 //! let report = kit.check(function(send_receipt, 7), move || sent.load(SeqCst)).await;
 //! println!("{report}");
 //! assert!(!report.passed());
+//! assert_eq!(report.outcome(Scenario::CancelledCaller).unwrap().effects, 2);
 //! # }
 //! ```
 
