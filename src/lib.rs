@@ -103,6 +103,26 @@ pub mod __private {
     #[inline(always)]
     pub fn check_return_keeping_errors<R: IdempotentReturnKeepingErrors>() {}
 
+    /// The return types of an `#[idempotent(on_error = give_up_after(N))]` function: its
+    /// error's text is kept with the count of failures.
+    #[diagnostic::on_unimplemented(
+        message = "with `on_error = give_up_after(N)`, an `#[idempotent]` function's error is counted and its text kept: `{Self}` does not show it",
+        label = "expected `Result<T, E>` with `T: Serialize + DeserializeOwned`, and `E: Display + From<idempotency::Error>`",
+        note = "the last failure's text (`Display`) is what later calls get in `Error::GaveUp`; implement `Display` for the error type"
+    )]
+    pub trait IdempotentReturnGivingUp {}
+
+    impl<T, E> IdempotentReturnGivingUp for Result<T, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: std::fmt::Display + From<idempotent_core::Error>,
+    {
+    }
+
+    /// [`check_return`] for `on_error = give_up_after(N)`.
+    #[inline(always)]
+    pub fn check_return_giving_up<R: IdempotentReturnGivingUp>() {}
+
     /// The runtime an expansion runs on: the global one, or the `store = ...` expression's.
     pub trait Runtime {
         /// The runtime, `None` for a global one not initialised.

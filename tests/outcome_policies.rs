@@ -1,6 +1,7 @@
 //! Outcome policies (issue 26): `on_error = store` keeps a body's `Err` and replays it, through the
-//! function API and the attribute, on every store; the default releases the key and a retry
-//! runs.
+//! function API and the attribute, on every store; `on_error = give_up_after(N)` counts failures
+//! across retries and processes and stops running the body after N; the default releases the
+//! key and a retry runs.
 
 #[macro_use]
 mod support;
@@ -16,6 +17,11 @@ all_stores!(
     a_kept_error_is_replayed_and_the_body_does_not_run_again,
     the_attribute_keeps_errors_with_on_error_store,
     without_on_error_store_a_failure_releases_the_key,
+    a_poison_call_gives_up_after_n_attempts_across_processes,
+    a_retry_that_succeeds_after_failures_is_replayed,
+    two_retries_racing_for_the_next_attempt_run_it_once,
+    the_attribute_gives_up_with_on_error_give_up_after,
+    give_up_after_refuses_what_its_chain_could_not_keep,
 );
 
 /// An application's error that serializes, so that it can be kept.
@@ -28,6 +34,15 @@ enum PayError {
 impl From<Error> for PayError {
     fn from(e: Error) -> Self {
         PayError::Idem(e.to_string())
+    }
+}
+
+impl std::fmt::Display for PayError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PayError::Declined { reason, attempt } => write!(f, "declined ({reason}) on attempt {attempt}"),
+            PayError::Idem(e) => f.write_str(e),
+        }
     }
 }
 
@@ -99,4 +114,168 @@ async fn without_on_error_store_a_failure_releases_the_key(backend: Backend) {
     let second = charge(&idem, &runs, 1).await;
     assert!(matches!(first, Err(PayError::Declined { attempt: 1, .. })));
     assert!(matches!(second, Err(PayError::Declined { attempt: 2, .. })), "the retry ran: {second:?}");
+}
+
+/// The attempt the body is told it is.
+fn attempt() -> usize {
+    idempotency::CallContext::current().expect("in a call").attempt() as usize
+}
+
+/// A body that always fails, counting its runs, and saying which attempt the runtime told it.
+fn poison(runs: &Arc<AtomicUsize>) -> Result<String, PayError> {
+    runs.fetch_add(1, SeqCst);
+    Err(PayError::Declined { reason: "poison".into(), attempt: attempt() })
+}
+
+async fn a_poison_call_gives_up_after_n_attempts_across_processes(backend: Backend) {
+    let fx = Fixture::new(backend, 2).await;
+    let runs = counter();
+    let deliver = |i: usize| {
+        let (idem, runs) = (fx.idem(i), runs.clone());
+        async move { idem.run_giving_up(Call::new("msg:1").scope("queue"), 3, || async { poison(&runs) }).await }
+    };
+    // Redelivered to one process, then the other: each failure is counted, whoever ran it.
+    for (n, process) in [(1, 0), (2, 1), (3, 0)] {
+        let r = deliver(process).await;
+        assert_eq!(r, Err(PayError::Declined { reason: "poison".into(), attempt: n }), "delivery {n}");
+    }
+    for process in [1, 0] {
+        let r = deliver(process).await;
+        assert_eq!(
+            r,
+            Err(PayError::Idem(
+                "key \"queue:msg:1\": gave up after 3 failed attempts; the last failed with: declined (poison) on attempt 3"
+                    .into()
+            ))
+        );
+    }
+    assert_eq!(runs.load(SeqCst), 3, "the body ran three times, then never again");
+    // The library's own error says it too, with the count.
+    let idem = fx.idem(1);
+    let r: Result<String, Error> =
+        idem.run_giving_up(Call::new("msg:1").scope("queue"), 3, || async { Ok("ran".to_owned()) }).await;
+    assert!(matches!(&r, Err(Error::GaveUp { attempts: 3, key, .. }) if key == "queue:msg:1"), "{r:?}");
+    // An operator's forget of the key starts it again from the first attempt.
+    idem.forget("queue", "msg:1", idempotency::Force::CompletedOnly).await.unwrap();
+    let r = deliver(0).await;
+    assert_eq!(r, Err(PayError::Declined { reason: "poison".into(), attempt: 1 }));
+    let r = deliver(1).await;
+    assert_eq!(r, Err(PayError::Declined { reason: "poison".into(), attempt: 2 }), "a new chain, counted again");
+    assert_eq!(runs.load(SeqCst), 5);
+}
+
+async fn a_retry_that_succeeds_after_failures_is_replayed(backend: Backend) {
+    let fx = Fixture::new(backend, 2).await;
+    let runs = counter();
+    let call = || Call::new("pay:9").fingerprint(&("eur", 100));
+    let flaky = |i: usize| {
+        let (idem, runs) = (fx.idem(i), runs.clone());
+        async move {
+            idem.run_giving_up(call(), 5, || async {
+                runs.fetch_add(1, SeqCst);
+                match attempt() {
+                    n @ (1 | 2) => Err(PayError::Declined { reason: "provider down".into(), attempt: n }),
+                    n => Ok(format!("paid on attempt {n}")),
+                }
+            })
+            .await
+        }
+    };
+    assert!(matches!(flaky(0).await, Err(PayError::Declined { attempt: 1, .. })));
+    assert!(matches!(flaky(1).await, Err(PayError::Declined { attempt: 2, .. })));
+    assert_eq!(flaky(0).await.unwrap(), "paid on attempt 3");
+    for i in [1, 0] {
+        assert_eq!(flaky(i).await.unwrap(), "paid on attempt 3", "a duplicate replays the value");
+    }
+    assert_eq!(runs.load(SeqCst), 3);
+    // A different payload on the key is refused at its first record, as in `run`.
+    let idem = fx.idem(1);
+    let reused: Result<String, Error> =
+        idem.run_giving_up(Call::new("pay:9").fingerprint(&("eur", 999)), 5, || async { Ok("x".into()) }).await;
+    assert!(matches!(reused, Err(Error::KeyReused { .. })), "{reused:?}");
+    // `on_duplicate = reject` refuses the duplicate of the completed value, not the failures on the way.
+    let rejected: Result<String, Error> =
+        idem.run_giving_up(call().on_duplicate(OnDuplicate::Reject), 5, || async { Ok("x".into()) }).await;
+    assert!(matches!(rejected, Err(Error::Duplicate { replayable: true, ref key }) if key == "pay:9"), "{rejected:?}");
+    assert_eq!(runs.load(SeqCst), 3);
+}
+
+async fn two_retries_racing_for_the_next_attempt_run_it_once(backend: Backend) {
+    let fx = Fixture::new(backend, 2).await;
+    let runs = counter();
+    let (a, b) = (fx.idem(0), fx.idem(1));
+    let first: Result<String, PayError> = a.run_giving_up(Call::new("job:3"), 3, || async { poison(&runs) }).await;
+    assert!(matches!(first, Err(PayError::Declined { attempt: 1, .. })));
+    // Two retries at once: one takes the second attempt's record, the other finds it in
+    // progress (and is told so, by default), and the body runs once.
+    let (gate, open) = (Arc::new(tokio::sync::Notify::new()), counter());
+    let slow = |idem: Idempotency| {
+        let (runs, gate, open) = (runs.clone(), gate.clone(), open.clone());
+        async move {
+            idem.run_giving_up(Call::new("job:3"), 3, || async move {
+                runs.fetch_add(1, SeqCst);
+                open.fetch_add(1, SeqCst);
+                gate.notified().await;
+                Ok::<_, PayError>(format!("done on attempt {}", attempt()))
+            })
+            .await
+        }
+    };
+    let one = tokio::spawn(slow(a.clone()));
+    support::eventually(std::time::Duration::from_secs(10), "the first retry runs", || {
+        let open = open.clone();
+        async move { (open.load(SeqCst) == 1).then_some(()) }
+    })
+    .await;
+    let other = slow(b.clone()).await;
+    assert!(matches!(&other, Err(PayError::Idem(e)) if e.contains("in progress")), "{other:?}");
+    gate.notify_one();
+    assert_eq!(one.await.unwrap().unwrap(), "done on attempt 2");
+    assert_eq!(slow(b).await.unwrap(), "done on attempt 2", "replayed");
+    assert_eq!(runs.load(SeqCst), 2, "attempt 1, then attempt 2 once");
+}
+
+#[idempotent(key = "webhook:{id}", on_error = give_up_after(2), store = idem)]
+async fn on_webhook(idem: &Idempotency, runs: &Arc<AtomicUsize>, id: u32) -> Result<String, PayError> {
+    poison(runs)
+}
+
+async fn the_attribute_gives_up_with_on_error_give_up_after(backend: Backend) {
+    let fx = Fixture::new(backend, 1).await;
+    let idem = fx.idem(0);
+    let runs = counter();
+    assert!(matches!(on_webhook(&idem, &runs, 5).await, Err(PayError::Declined { attempt: 1, .. })));
+    assert!(matches!(on_webhook(&idem, &runs, 5).await, Err(PayError::Declined { attempt: 2, .. })));
+    let gave_up = on_webhook(&idem, &runs, 5).await;
+    assert!(matches!(&gave_up, Err(PayError::Idem(e)) if e.contains("gave up after 2 failed attempts")), "{gave_up:?}");
+    assert_eq!(runs.load(SeqCst), 2);
+    // Another key is its own count.
+    assert!(matches!(on_webhook(&idem, &runs, 6).await, Err(PayError::Declined { attempt: 1, .. })));
+}
+
+async fn give_up_after_refuses_what_its_chain_could_not_keep(backend: Backend) {
+    let fx = Fixture::new(backend, 1).await;
+    let idem = fx.idem(0);
+    let runs = counter();
+    let run = |call: Call, n: u32| {
+        let (idem, runs) = (idem.clone(), runs.clone());
+        async move { idem.run_giving_up(call, n, || async { poison(&runs) }).await }
+    };
+    for n in [0, idempotency::MAX_ATTEMPTS + 1] {
+        let r = run(Call::new("k"), n).await;
+        assert!(matches!(&r, Err(PayError::Idem(e)) if e.contains("the attempts must be 1 to 100")), "{r:?}");
+    }
+    let token = idem.issue_token(std::time::Duration::from_secs(60)).unwrap();
+    let r = run(Call::token(token), 3).await;
+    assert!(matches!(&r, Err(PayError::Idem(e)) if e.contains("does not go with token mode")), "{r:?}");
+    let long = "k".repeat(idempotency::MAX_KEY_BYTES - 10);
+    let r = run(Call::new(long.clone()), 3).await;
+    assert!(
+        matches!(&r, Err(PayError::Idem(e)) if e.contains("with give_up_after, a key may have at most 997 bytes")),
+        "{r:?}"
+    );
+    // One attempt needs no later keys: the key's limit is the usual one.
+    let r = run(Call::new(long), 1).await;
+    assert!(matches!(r, Err(PayError::Declined { attempt: 1, .. })), "{r:?}");
+    assert_eq!(runs.load(SeqCst), 1, "nothing refused ran");
 }

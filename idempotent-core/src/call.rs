@@ -118,6 +118,9 @@ pub struct Call {
     /// runtime refuses the call with it before anything else, recorded like every refused call.
     /// (The template, why.)
     refused: Option<(String, String)>,
+    /// `give_up_after`: how many attempts of the key failed before this one (the body sees
+    /// this plus its own acquires in `CallContext::attempt`).
+    pub(crate) earlier_attempts: u32,
 }
 
 impl Call {
@@ -139,6 +142,7 @@ impl Call {
             abort_on_lease_lost: false,
             renew: true,
             refused: None,
+            earlier_attempts: 0,
         }
     }
 
@@ -274,6 +278,25 @@ impl Call {
     /// Replaces the key (a verified token by the part of it that names its record).
     pub(crate) fn set_key(&mut self, key: String) {
         self.key = key;
+    }
+
+    /// The same call on another full key, with no scope: a later attempt's record under
+    /// `give_up_after`, after `earlier` failed ones.
+    pub(crate) fn on_key(&self, full_key: String, earlier: u32) -> Call {
+        Call {
+            key: full_key,
+            scope: None,
+            mode: Mode::Param,
+            ttl: self.ttl,
+            keep: self.keep,
+            on_duplicate: self.on_duplicate,
+            on_conflict: self.on_conflict,
+            fingerprint: self.fingerprint.clone(),
+            abort_on_lease_lost: self.abort_on_lease_lost,
+            renew: self.renew,
+            refused: None,
+            earlier_attempts: earlier,
+        }
     }
 
     /// Checks the call like [`validate`](Self::validate) and takes the full key out of it: moved,

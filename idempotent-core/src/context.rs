@@ -160,7 +160,10 @@ impl CallContext {
 
     /// Which acquire of this call got the key: 1, or more when the call waited for another
     /// holder (`OnConflict::Wait`) that released the key without completing it, so that this
-    /// call runs the body in its place.
+    /// call runs the body in its place. Under `give_up_after`
+    /// ([`Idempotency::run_giving_up`](crate::Idempotency::run_giving_up)) the failed attempts
+    /// of the key before this call, by any caller, are counted too: the body of the third try
+    /// after two failures sees 3.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {

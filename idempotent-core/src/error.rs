@@ -150,6 +150,18 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
+    /// `give_up_after(N)`: the key's body failed `attempts` times, the most its policy allows,
+    /// and it is not run again until an operator forgets the key or its records' `keep` ends
+    /// ([`Idempotency::run_giving_up`](crate::Idempotency::run_giving_up)).
+    #[error("key {}: gave up after {attempts} failed attempts; the last failed with: {last_error}", shown(key))]
+    GaveUp {
+        /// The key.
+        key: String,
+        /// How many attempts failed.
+        attempts: u32,
+        /// The last attempt's error, as its `Display` wrote it.
+        last_error: String,
+    },
 }
 
 impl Error {
@@ -169,7 +181,8 @@ impl Error {
             | Error::Corrupt { key, .. }
             | Error::NotConfigured { key }
             | Error::InvalidKey { key, .. }
-            | Error::InvalidCall { key, .. } => key,
+            | Error::InvalidCall { key, .. }
+            | Error::GaveUp { key, .. } => key,
         }
     }
 }

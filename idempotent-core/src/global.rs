@@ -74,6 +74,20 @@ impl Global {
         }
     }
 
+    /// [`Idempotency::run_giving_up`] on the global runtime.
+    pub async fn run_giving_up<T, E, F, Fut>(self, call: Call, attempts: u32, body: F) -> Result<T, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<Error> + std::fmt::Display,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        match GLOBAL.get() {
+            Some(idempotency) => idempotency.run_giving_up(call, attempts, body).await,
+            None => Err(Error::NotConfigured { key: call.full_key() }.into()),
+        }
+    }
+
     /// [`Idempotency::run_to_completion`] on the global runtime.
     pub async fn run_to_completion<T, E, F, Fut>(self, call: Call, body: F) -> Result<T, E>
     where

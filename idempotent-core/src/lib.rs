@@ -72,7 +72,8 @@ pub use key::KeyBuilder;
 pub use lock::{LockGuard, LockRequest, LOCK_SCOPE};
 pub use runtime::{
     Ack, AckPlan, Batch, Completed, Force, Idempotency, IdempotencyBuilder, Outcome, ScanFilter, Settled, DEFAULT_KEEP,
-    DEFAULT_MAX_RESULT_BYTES, DEFAULT_MAX_WAITERS_PER_KEY, DEFAULT_TOKEN_SKEW, DEFAULT_TTL, RUNTIME_ENV_VARS,
+    DEFAULT_MAX_RESULT_BYTES, DEFAULT_MAX_WAITERS_PER_KEY, DEFAULT_TOKEN_SKEW, DEFAULT_TTL, MAX_ATTEMPTS,
+    RUNTIME_ENV_VARS,
 };
 pub use store::memory::MemoryStore;
 #[cfg(feature = "postgres")]

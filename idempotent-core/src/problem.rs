@@ -52,6 +52,9 @@ pub enum ProblemKind {
     /// 400: the request's options or inputs are out of range (a fingerprint payload over its
     /// limit, say).
     InvalidCall,
+    /// 422: the work with this key failed as many times as its policy allows
+    /// (`on_error = give_up_after(N)`, `Error::GaveUp`); it is not run again.
+    GaveUp,
     /// 413: the request body is larger than the layer reads to fingerprint it.
     RequestTooLarge,
     /// 422: the key was used before for a different request (method, path or body).
@@ -84,7 +87,7 @@ impl ProblemKind {
                 StatusCode::CONFLICT
             }
             ProblemKind::RequestTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            ProblemKind::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
+            ProblemKind::KeyReused | ProblemKind::GaveUp => StatusCode::UNPROCESSABLE_ENTITY,
             ProblemKind::UnreadableResponse => StatusCode::BAD_GATEWAY,
             ProblemKind::StoreUnavailable | ProblemKind::Unconfirmed => StatusCode::SERVICE_UNAVAILABLE,
             ProblemKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
@@ -103,6 +106,7 @@ impl ProblemKind {
             ProblemKind::NotReplayable => "not-replayable",
             ProblemKind::Duplicate => "duplicate",
             ProblemKind::InvalidCall => "invalid-call",
+            ProblemKind::GaveUp => "gave-up",
             ProblemKind::RequestTooLarge => "request-too-large",
             ProblemKind::KeyReused => "key-reused",
             ProblemKind::UnreadableBody => "unreadable-body",
@@ -144,6 +148,8 @@ impl ProblemKind {
             (ProblemKind::Duplicate, Origin::Call) => "This call was already made",
             (ProblemKind::InvalidCall, Origin::Header) => "The request's options are out of range",
             (ProblemKind::InvalidCall, Origin::Call) => "The call's options are out of range",
+            (ProblemKind::GaveUp, Origin::Header) => "This request failed too many times; it is not run again",
+            (ProblemKind::GaveUp, Origin::Call) => "This call failed too many times; it is not run again",
             (ProblemKind::RequestTooLarge, _) => "Request body too large",
             (ProblemKind::KeyReused, Origin::Header) => "Idempotency-Key reused for a different request",
             (ProblemKind::KeyReused, Origin::Call) => "Idempotency key reused with a different payload",
@@ -252,6 +258,7 @@ impl Problem {
     /// | `InvalidToken` | 400 | invalid-token |
     /// | `InvalidKey` | 400 | malformed-key |
     /// | `InvalidCall` | 400 | invalid-call |
+    /// | `GaveUp` | 422 | gave-up |
     /// | `Store`, `LeaseLost` | 503 | store-unavailable |
     /// | `Unconfirmed` | 503, `Retry-After: 1` | unconfirmed |
     /// | `Codec`, `Corrupt`, `NotConfigured` | 500 | internal |
@@ -330,6 +337,12 @@ impl Problem {
                 p(ProblemKind::MalformedKey, format!("the key built from the call's arguments is refused: {reason}"))
             }
             Error::InvalidCall { reason, .. } => p(ProblemKind::InvalidCall, reason.clone()),
+            Error::GaveUp { attempts, last_error, .. } => p(
+                ProblemKind::GaveUp,
+                format!(
+                    "{a_call} with this key failed {attempts} times, the last with: {last_error}; it is not run again"
+                ),
+            ),
             Error::Store { source, .. } => p(
                 ProblemKind::StoreUnavailable,
                 format!("the idempotency store failed ({}); nothing ran, retry later", source.kind()),
@@ -403,6 +416,7 @@ mod tests {
             ProblemKind::NotReplayable,
             ProblemKind::Duplicate,
             ProblemKind::InvalidCall,
+            ProblemKind::GaveUp,
             ProblemKind::RequestTooLarge,
             ProblemKind::KeyReused,
             ProblemKind::UnreadableBody,
@@ -435,6 +449,7 @@ mod tests {
             Error::KeyReused { key: k() },
             Error::InvalidKey { key: k(), reason: "the template value {req.id} is empty".into() },
             Error::LeaseLost { key: k(), reason: "expired".into() },
+            Error::GaveUp { key: k(), attempts: 3, last_error: "card declined".into() },
         ];
         for e in &errors {
             let call = Problem::for_error(e);
@@ -473,6 +488,7 @@ mod tests {
             (Error::InvalidToken { key: k() }, 400, "invalid-token"),
             (Error::InvalidKey { key: k(), reason: "empty".into() }, 400, "malformed-key"),
             (Error::InvalidCall { key: k(), reason: "too large".into() }, 400, "invalid-call"),
+            (Error::GaveUp { key: k(), attempts: 3, last_error: "card declined".into() }, 422, "gave-up"),
             (Error::Store { key: k(), source: store() }, 503, "store-unavailable"),
             (Error::LeaseLost { key: k(), reason: "expired".into() }, 503, "store-unavailable"),
             (Error::Unconfirmed { key: k(), source: store() }, 503, "unconfirmed"),

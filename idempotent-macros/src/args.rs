@@ -47,6 +47,8 @@ pub(crate) struct Args {
     pub finish_on_cancel: Option<Ident>,
     /// `on_error = store` (the token that said it): the body's `Err` is stored and replayed.
     pub store_errors: Option<Ident>,
+    /// `on_error = give_up_after(N)` (the token that said it, and N).
+    pub give_up_after: Option<(Ident, u32)>,
     pub store: Option<Expr>,
     /// `tx = <PgStore>`: the body runs in a transaction of that store.
     pub tx: Option<Expr>,
@@ -145,7 +147,16 @@ impl Parse for Args {
                     match policy.to_string().as_str() {
                         "release" => {}
                         "store" => args.store_errors = Some(policy),
-                        _ => return Err(syn::Error::new(policy.span(), "expected `release` or `store`")),
+                        "give_up_after" => {
+                            let attempts = give_up_after(input, &policy)?;
+                            args.give_up_after = Some((policy, attempts));
+                        }
+                        _ => {
+                            return Err(syn::Error::new(
+                                policy.span(),
+                                "expected `release`, `store` or `give_up_after(N)`",
+                            ))
+                        }
                     }
                 }
                 "store" => args.store = Some(value(input, &name)?),
@@ -164,6 +175,20 @@ impl Parse for Args {
             input.parse::<Token![,]>()?;
         }
         Ok(args)
+    }
+}
+
+/// `(N)` after `give_up_after`: the attempts, 1 to 100.
+fn give_up_after(input: ParseStream, policy: &Ident) -> syn::Result<u32> {
+    if !input.peek(syn::token::Paren) {
+        return Err(syn::Error::new(policy.span(), "`give_up_after` needs the attempts: `give_up_after(3)`"));
+    }
+    let inside;
+    parenthesized!(inside in input);
+    let n: syn::LitInt = inside.parse()?;
+    match n.base10_parse::<u32>() {
+        Ok(attempts @ 1..=100) if inside.is_empty() => Ok(attempts),
+        _ => Err(syn::Error::new(n.span(), "expected the attempts: a whole number from 1 to 100")),
     }
 }
 

@@ -209,9 +209,10 @@ fn rewrite(args: &Args, function: &ItemFn) -> syn::Result<TokenStream> {
         Some(expr) => quote_spanned!(ret=> (#expr)),
         None => quote_spanned!(ret=> #private::global()),
     };
-    let check = match &args.store_errors {
-        Some(_) => quote_spanned!(ret=> #private::check_return_keeping_errors::<#return_type>();),
-        None => quote_spanned!(ret=> #private::check_return::<#return_type>();),
+    let check = match (&args.store_errors, &args.give_up_after) {
+        (Some(_), _) => quote_spanned!(ret=> #private::check_return_keeping_errors::<#return_type>();),
+        (None, Some(_)) => quote_spanned!(ret=> #private::check_return_giving_up::<#return_type>();),
+        (None, None) => quote_spanned!(ret=> #private::check_return::<#return_type>();),
     };
     let block = &function.block;
     if let (Some(_), Some(finish)) = (&args.tx, &args.finish_on_cancel) {
@@ -225,6 +226,23 @@ fn rewrite(args: &Args, function: &ItemFn) -> syn::Result<TokenStream> {
             store.span(),
             "`on_error = store` does not go with `tx`: a body that fails rolls its transaction back, and its error with it",
         ));
+    }
+    if let Some((policy, _)) = &args.give_up_after {
+        let with = if args.tx.is_some() {
+            Some("`tx`: a body that fails rolls its transaction back, and the count of its failure with it")
+        } else if args.finish_on_cancel.is_some() {
+            Some("`on_cancel = finish` in this version: a call that gives up runs in its caller's task, and a dropped call frees its attempt uncounted")
+        } else if matches!(args.mode, Some((crate::args::Mode::Token, _))) {
+            Some("`mode = Token`: a token's record lives as long as the token, which the later attempts' records could not follow")
+        } else {
+            None
+        };
+        if let Some(with) = with {
+            return Err(syn::Error::new(
+                policy.span(),
+                format!("`on_error = give_up_after(..)` does not go with {with}"),
+            ));
+        }
     }
     // `on_error = store`: the body's `Result` is the value stored; the runtime's own refusals
     // stay outside it, and the two are one `Result` again for the caller.
@@ -265,6 +283,10 @@ fn rewrite(args: &Args, function: &ItemFn) -> syn::Result<TokenStream> {
         // `Send + 'static`), so that a dropped call runs to its end.
         _ if args.finish_on_cancel.is_some() => {
             quote_spanned!(ret=> #store.run_to_completion(__idem_call, move || async move #block).await #kept)
+        }
+        _ if args.give_up_after.is_some() => {
+            let attempts = args.give_up_after.as_ref().map_or(1, |(_, n)| *n);
+            quote_spanned!(ret=> #store.run_giving_up(__idem_call, #attempts, move || async move #block).await)
         }
         _ => quote_spanned!(ret=> #store.run(__idem_call, move || async move #block).await #kept),
     };

@@ -287,8 +287,14 @@ impl Idempotency {
                 track.outcome =
                     if track.waited.is_zero() { CallOutcome::Executed } else { CallOutcome::WaitedThenExecuted };
                 let kept = self.kept(call, token_expires);
-                let context =
-                    CallContext::new(key, owner, fence, track.attempts, self.inner.store.clone()).keeping(kept);
+                let context = CallContext::new(
+                    key,
+                    owner,
+                    fence,
+                    call.earlier_attempts + track.attempts,
+                    self.inner.store.clone(),
+                )
+                .keeping(kept);
                 let held = Held { context, lease, sent, fingerprint, token_expires };
                 self.execute(call, held, body, commit, track).await
             }

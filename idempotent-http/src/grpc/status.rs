@@ -37,6 +37,10 @@ pub(crate) fn for_error(e: &Error, key: &str) -> Status {
             Code::AlreadyExists,
             format!("the call with idempotency-key {key:?} completed; its response cannot be replayed"),
         ),
+        Error::GaveUp { attempts, .. } => Status::new(
+            Code::FailedPrecondition,
+            format!("the call with idempotency-key {key:?} failed {attempts} times; it is not run again ({e})"),
+        ),
         Error::InvalidKey { .. } | Error::InvalidCall { .. } | Error::InvalidToken { .. } => {
             Status::new(Code::InvalidArgument, e.to_string())
         }

@@ -1,4 +1,4 @@
-//! `on_error` takes `release` or `store`; anything else is an error on it.
+//! `on_error` takes `release`, `store` or `give_up_after(N)`; anything else is an error on it.
 
 use idempotency::idempotent;
 
