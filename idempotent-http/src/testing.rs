@@ -168,10 +168,10 @@ where
     }
 }
 
-/// Sends `request` to `service` once it is ready.
-async fn send<S, B>(mut service: S, request: Request<Body>) -> Result<Response<B>, String>
+/// Sends `request` to `service` once it is ready (a route's, or a gRPC method's).
+pub(crate) async fn send<S, Q, B>(mut service: S, request: Request<Q>) -> Result<Response<B>, String>
 where
-    S: Service<Request<Body>, Response = Response<B>>,
+    S: Service<Request<Q>, Response = Response<B>>,
     S::Error: Debug,
 {
     std::future::poll_fn(|cx| service.poll_ready(cx)).await.map_err(|e| format!("the service is not ready: {e:?}"))?;

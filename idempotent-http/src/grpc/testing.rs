@@ -131,14 +131,11 @@ where
 {
     fn call(&self, ask: Ask) -> Answering<'_> {
         let request = self.request(ask);
-        let mut service = self.service.clone();
+        let service = self.service.clone();
         Box::pin(async move {
-            if let Err(e) = std::future::poll_fn(|cx| service.poll_ready(cx)).await {
-                return Answer::Failed(format!("the service is not ready: {e:?}"));
-            }
-            match service.call(request).await {
+            match crate::testing::send(service, request).await {
                 Ok(response) => answer(response).await,
-                Err(e) => Answer::Failed(format!("the service failed: {e:?}")),
+                Err(e) => Answer::Failed(e),
             }
         })
     }
