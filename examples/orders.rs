@@ -33,6 +33,15 @@ pub enum ApplyError {
     Database(idempotency::store::postgres::sqlx::Error),
 }
 
+impl std::fmt::Display for ApplyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ApplyError::Idempotency(e) => e.fmt(f),
+            ApplyError::Database(e) => write!(f, "the order's statement failed: {e}"),
+        }
+    }
+}
+
 impl From<idempotency::Error> for ApplyError {
     fn from(e: idempotency::Error) -> Self {
         ApplyError::Idempotency(e)

@@ -80,7 +80,7 @@ impl Consumer {
     /// at a time), and acks, hands back or dead-letters each entry as the batch's plan says.
     pub async fn poll<E, F, Fut>(&self, concurrency: usize, body: F) -> Result<Polled, StreamError>
     where
-        E: std::fmt::Debug,
+        E: std::fmt::Debug + std::fmt::Display,
         F: Fn(&Delivery) -> Fut,
         Fut: Future<Output = Result<(), E>>,
     {

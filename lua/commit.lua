@@ -1,6 +1,7 @@
--- commit.lua: IN_PROGRESS -> COMPLETED with the result, only for the owner holding the key.
--- If the key is gone (the lease ran out and nobody took it), the result is recorded anyway:
--- the body ran, and a duplicate must not run it again. Committing twice is 'ok' twice (a
+-- commit.lua: IN_PROGRESS -> COMPLETED with the result, only for the owner holding the key (its
+-- lease's end passed or not: nobody took it). If the key is gone (the lease ran out and nobody
+-- took it), or released by a later attempt that failed, the result is recorded anyway: the body
+-- ran, and a duplicate must not run it again. A key given up (F) stays so. Committing twice is 'ok' twice (a
 -- completed record with this owner in it is this commit's; records of earlier versions name no
 -- owner, only the acquisition's fence).
 -- KEYS[1]  the record
@@ -38,7 +39,7 @@ if rec ~= nil then
     end
     return { 'lost' }
   end
-  if rec.s ~= 'P' or rec.o ~= owner then
+  if rec.s == 'F' or (rec.s == 'P' and rec.o ~= owner) then
     return { 'lost' }
   end
 end

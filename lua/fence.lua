@@ -6,9 +6,9 @@
 -- KEYS[1]  the record
 -- ARGV[1]  owner id
 -- Returns {'fence', token} while the owner holds the key in progress; {'lost'} otherwise (the
--- key is gone, completed, another owner's, or not a record).
+-- key is gone, completed, another owner's, past the lease's end it keeps, or not a record).
 local rec = load(KEYS[1])
-if not rec or rec.s ~= 'P' or rec.o ~= ARGV[1] then
+if not rec or rec.s ~= 'P' or rec.o ~= ARGV[1] or (rec.t ~= '' and lapsed(rec, now_ms())) then
   return { 'lost' }
 end
 -- Records written by earlier versions carry their token.

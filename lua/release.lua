@@ -1,5 +1,7 @@
--- release.lua: give a key back after a failed, panicked or cancelled attempt, only for the owner
--- holding it: the record is deleted. Releasing twice is 'ok' twice.
+-- release.lua: give a key back after a cancelled attempt (or one whose lease was lost), only for
+-- the owner holding it: the record is deleted, or, where it counts the attempts before this one,
+-- replaced by the record of those (R; this attempt is not counted). Releasing twice is 'ok'
+-- twice.
 -- KEYS[1]  the record
 -- ARGV[1]  owner id
 -- Returns {'ok'}, {'lost'} (another owner holds or completed the key), or {'corrupt', reason}
@@ -8,12 +10,16 @@ local rec, why = load(key)
 if rec == false then
   return { 'corrupt', why }
 end
-if rec == nil then
+if rec == nil or (rec.s == 'R' and rec.o == owner) then
   return { 'ok' }
 end
 if rec.s ~= 'P' or rec.o ~= owner then
   return { 'lost' }
 end
-redis.call('DEL', key)
+if rec.t ~= '' and rec.a > 1 and rec.k > 0 then
+  redis.call('SET', key, failure('R', owner, '', rec.a - 1, '', now_ms()), 'PX', rec.k)
+else
+  redis.call('DEL', key)
+end
 notify(key, rec, 'R')
 return { 'ok' }

@@ -70,7 +70,22 @@ case "$plant" in
         planted=idempotent-core/src/runtime/commit.rs; cp "$planted" "$planted.orig"
         sed -i "s/let Some(retries) = self.0.take() else { return };/let Some(retries) = self.0.take() else { return }; if true { return; }/" "$planted"
         grep -q "if true { return; }" "$planted" || { echo "explore: could not plant $plant" >&2; exit 2; } ;;
-    *) echo "explore: --plant $plant: release-owner, late-acquire, no-refill, inbox-owner or commit-on-drop" >&2; exit 2 ;;
+    hold-ignored)
+        # The memory store frees a held key whose lease ran out, as if it were not held.
+        planted=idempotent-core/src/store/memory.rs; cp "$planted" "$planted.orig"
+        sed -i "s/Phase::InProgress if rec.lapsed(now) \&\& rec.hold => {/Phase::InProgress if false \&\& rec.lapsed(now) \&\& rec.hold => {/" "$planted"
+        grep -q "if false && rec.lapsed(now)" "$planted" || { echo "explore: could not plant $plant" >&2; exit 2; } ;;
+    count-reset)
+        # The memory store takes a failure's record as the key's first attempt again.
+        planted=idempotent-core/src/store/memory.rs; cp "$planted" "$planted.orig"
+        sed -i "s/            Phase::Released => rec.attempt,/            Phase::Released => 0,/" "$planted"
+        grep -q "Phase::Released => 0," "$planted" || { echo "explore: could not plant $plant" >&2; exit 2; } ;;
+    gave-up-ignored)
+        # The memory store takes a key given up as a failure's record: it runs again.
+        planted=idempotent-core/src/store/memory.rs; cp "$planted" "$planted.orig"
+        sed -i "s/            Phase::Released => rec.attempt,/            Phase::Released | Phase::Failed => rec.attempt,/" "$planted"
+        grep -q "Phase::Released | Phase::Failed => rec.attempt," "$planted" || { echo "explore: could not plant $plant" >&2; exit 2; } ;;
+    *) echo "explore: --plant $plant: release-owner, late-acquire, no-refill, inbox-owner, commit-on-drop, hold-ignored, count-reset or gave-up-ignored" >&2; exit 2 ;;
 esac
 [ -n "$plant" ] && echo "explore: planted $plant in $planted (put back when the run ends)"
 

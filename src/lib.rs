@@ -65,7 +65,7 @@ pub use idempotent_macros::idempotent;
 /// the runtime it calls always come from the same version of this crate. Not public API.
 #[doc(hidden)]
 pub mod __private {
-    pub use idempotent_core::{global, Call, Error, KeyBuilder, Mode, OnConflict, OnDuplicate};
+    pub use idempotent_core::{global, Call, Error, KeyBuilder, Mode, OnConflict, OnCrash, OnDuplicate};
 
     use serde::de::DeserializeOwned;
     use serde::Serialize;

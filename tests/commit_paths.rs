@@ -199,16 +199,17 @@ async fn a_late_commit_stores_nothing_on_both_paths() {
     }
 }
 
-/// A waiter that takes the key after its holder gave it back does so with the acquire script,
-/// which writes the same pending record as a plain acquire (no fence in it, nobody marked as
-/// waiting): its commit is the compare-and-set where the server has it.
+/// A waiter that takes the key after its holder gave it back (its call dropped: not a failure,
+/// which would leave its count) does so with the acquire script, which writes the same pending
+/// record as a plain acquire (no fence in it, nobody marked as waiting): its commit is the
+/// compare-and-set where the server has it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_taken_by_the_acquire_script_commits_without_it() {
     for (expected, server) in servers() {
         let store = RedisStore::connect(&server.url()).await.unwrap();
         let idem = Idempotency::new(store.clone());
         let record_key = store.record_key(&Call::new("handed-over").full_key());
-        let (fail, holder) = support::hold(&idem, Call::new("handed-over"), true);
+        let (_fail, holder) = support::hold(&idem, Call::new("handed-over"), true);
         let (running_tx, running) = tokio::sync::oneshot::channel();
         let (finish, finish_rx) = tokio::sync::oneshot::channel::<()>();
         let waiter = tokio::spawn({
@@ -231,8 +232,8 @@ async fn a_key_taken_by_the_acquire_script_commits_without_it() {
             std::future::ready((fields(&record).get(5).map(String::as_str) == Some("1")).then_some(()))
         })
         .await;
-        fail.send(()).unwrap();
-        assert!(matches!(holder.await.unwrap(), Err(AppError::Failed(_))));
+        holder.abort();
+        assert!(holder.await.unwrap_err().is_cancelled());
         running.await.unwrap();
         let record = fields(&server.command(&["GET", &record_key]).unwrap());
         assert_eq!(
@@ -311,5 +312,28 @@ async fn a_key_overwritten_by_a_hash_is_corrupt_at_commit_on_both_paths() {
         assert_eq!(got.unwrap(), 8, "{expected}");
         assert!(started.elapsed() < Duration::from_secs(2), "{expected}: took {:?}", started.elapsed());
         assert_eq!(server.command(&["TYPE", &record_key]).unwrap(), "hash", "{expected}");
+    }
+}
+
+/// A retry after a failure takes the key with the acquire script (the plain `SET NX GET` finds
+/// the failure's record, which only the script takes), and its record keeps the count and its
+/// lease's end: its commit goes to the commit script at once, with no `SET ... IFEQ` that could
+/// not match. Counted on both servers: `SET`s top level and inside scripts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_a_failure_commits_with_the_script_alone() {
+    for (expected, server) in servers() {
+        let store = RedisStore::connect(&server.url()).await.unwrap();
+        let idem = Idempotency::new(store.clone());
+        let failed: R<u32> = idem.run(Call::new("retried"), || async { Err(AppError::Failed("no")) }).await;
+        assert!(failed.is_err());
+        server.command(&["CONFIG", "RESETSTAT"]).unwrap();
+        let retried: R<u32> = idem
+            .run(Call::new("retried"), || async { Ok(idempotency::CallContext::current().unwrap().attempt()) })
+            .await;
+        assert_eq!(retried.unwrap(), 2, "{expected}");
+        let stats = server.command_calls();
+        let scripts = count(&stats, "evalsha") + count(&stats, "eval");
+        // SET NX GET; acquire.lua's SET; commit.lua's SET.
+        assert_eq!((scripts, count(&stats, "set"), count(&stats, "time")), (2, 3, 1), "{expected}: {stats:?}");
     }
 }

@@ -621,6 +621,15 @@ async fn play(
             h.record(Event::Purge { key, force, sent, deleted });
         });
     }
+    for (i, r) in schedule.resolutions.iter().enumerate() {
+        let (admin, h, key, completed) = (admin.clone(), history.clone(), full_key(r.key, false), r.completed);
+        let at = start + ms(r.at_ms);
+        count("resolution");
+        tasks.spawn(async move {
+            tokio::time::sleep_until(at).await;
+            idempotent_explore::run::resolve(&admin, &h, key, completed, i).await;
+        });
+    }
     for c in crashes {
         let (lives, c) = (lives.clone(), *c);
         let cache = schedule.caches[c.proc];

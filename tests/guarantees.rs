@@ -82,7 +82,9 @@ fn take_once(
     let task = tokio::spawn(async move {
         let _: R<()> = match action.as_str() {
             "release" => {
-                idem.run(call, || async move {
+                // A failure's record (its count) is kept for `keep`: briefly, so that the next
+                // holder comes soon.
+                idem.run(call.keep(ms(50)), || async move {
                     report().await;
                     Err(AppError::Failed("release"))
                 })

@@ -21,7 +21,7 @@ all_stores!(
     a_retry_that_succeeds_after_failures_is_replayed,
     two_retries_racing_for_the_next_attempt_run_it_once,
     the_attribute_gives_up_with_on_error_give_up_after,
-    give_up_after_refuses_what_its_chain_could_not_keep,
+    give_up_after_refuses_what_it_cannot_count,
 );
 
 /// An application's error that serializes, so that it can be kept.
@@ -253,7 +253,7 @@ async fn the_attribute_gives_up_with_on_error_give_up_after(backend: Backend) {
     assert!(matches!(on_webhook(&idem, &runs, 6).await, Err(PayError::Declined { attempt: 1, .. })));
 }
 
-async fn give_up_after_refuses_what_its_chain_could_not_keep(backend: Backend) {
+async fn give_up_after_refuses_what_it_cannot_count(backend: Backend) {
     let fx = Fixture::new(backend, 1).await;
     let idem = fx.idem(0);
     let runs = counter();
@@ -263,19 +263,66 @@ async fn give_up_after_refuses_what_its_chain_could_not_keep(backend: Backend) {
     };
     for n in [0, idempotency::MAX_ATTEMPTS + 1] {
         let r = run(Call::new("k"), n).await;
-        assert!(matches!(&r, Err(PayError::Idem(e)) if e.contains("the attempts must be 1 to 100")), "{r:?}");
+        assert!(matches!(&r, Err(PayError::Idem(e)) if e.contains("the attempts must be 1 to 1000")), "{r:?}");
     }
+    // A count is kept for `keep`: a keep of zero keeps none.
+    let r = run(Call::new("k").keep(std::time::Duration::ZERO), 3).await;
+    assert!(matches!(&r, Err(PayError::Idem(e)) if e.contains("a keep of zero keeps nothing")), "{r:?}");
+    // A store that does not keep attempts (one of the user's own, wrapping ours) is refused, not
+    // silently uncounted.
+    let plain = Idempotency::new(Forwarding(fx.store(0)));
+    let r: Result<String, PayError> = plain.run_giving_up(Call::new("k"), 3, || async { poison(&runs) }).await;
+    assert!(matches!(&r, Err(PayError::Idem(e)) if e.contains("needs a store that keeps attempts")), "{r:?}");
+    assert_eq!(runs.load(SeqCst), 0, "nothing refused ran");
+    // Token mode: a token's failures are counted for as long as its record is kept (the token's
+    // life); the longest key counts as any.
     let token = idem.issue_token(std::time::Duration::from_secs(60)).unwrap();
-    let r = run(Call::token(token), 3).await;
-    assert!(matches!(&r, Err(PayError::Idem(e)) if e.contains("does not go with token mode")), "{r:?}");
-    let long = "k".repeat(idempotency::MAX_KEY_BYTES - 10);
-    let r = run(Call::new(long.clone()), 3).await;
-    assert!(
-        matches!(&r, Err(PayError::Idem(e)) if e.contains("with give_up_after, a key may have at most 997 bytes")),
-        "{r:?}"
-    );
-    // One attempt needs no later keys: the key's limit is the usual one.
-    let r = run(Call::new(long), 1).await;
+    for n in 1..=2 {
+        let r = run(Call::token(token.clone()), 2).await;
+        assert!(matches!(r, Err(PayError::Declined { attempt, .. }) if attempt == n), "{r:?}");
+    }
+    let r = run(Call::token(token), 2).await;
+    assert!(matches!(&r, Err(PayError::Idem(e)) if e.contains("gave up after 2")), "{r:?}");
+    let long = "k".repeat(idempotency::MAX_KEY_BYTES);
+    let r = run(Call::new(long), 3).await;
     assert!(matches!(r, Err(PayError::Declined { attempt: 1, .. })), "{r:?}");
-    assert_eq!(runs.load(SeqCst), 1, "nothing refused ran");
+    assert_eq!(runs.load(SeqCst), 3);
+}
+
+/// A store of the user's own that forwards the four transitions to another and keeps none of
+/// the rest (`Store::keeps_attempts` says no).
+struct Forwarding(Arc<dyn idempotency::Store>);
+
+impl idempotency::Store for Forwarding {
+    fn acquire<'a>(
+        &'a self,
+        r: idempotency::store::AcquireRequest<'a>,
+    ) -> idempotency::store::StoreFuture<'a, Result<idempotency::store::AcquireOutcome, idempotency::StoreError>> {
+        self.0.acquire(r)
+    }
+    fn renew<'a>(
+        &'a self,
+        leases: &'a [idempotency::store::Lease<'a>],
+    ) -> idempotency::store::StoreFuture<'a, Result<Vec<bool>, idempotency::StoreError>> {
+        self.0.renew(leases)
+    }
+    fn commit<'a>(
+        &'a self,
+        r: idempotency::store::CommitRequest<'a>,
+    ) -> idempotency::store::StoreFuture<'a, Result<idempotency::store::Transition, idempotency::StoreError>> {
+        self.0.commit(r)
+    }
+    fn release<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+    ) -> idempotency::store::StoreFuture<'a, Result<idempotency::store::Transition, idempotency::StoreError>> {
+        self.0.release(key, owner)
+    }
+    fn watch<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> idempotency::store::StoreFuture<'a, Result<idempotency::store::Watcher, idempotency::StoreError>> {
+        self.0.watch(key)
+    }
 }

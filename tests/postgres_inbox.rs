@@ -66,6 +66,8 @@ fn names<T, E>(settled: &[Settled<T, E>]) -> Vec<&'static str> {
             Settled::Replayed(_) => "replayed",
             Settled::InProgress => "in progress",
             Settled::Failed(_) => "failed",
+            Settled::GaveUp { .. } => "gave up",
+            Settled::Held(_) => "held",
             Settled::Refused(_) => "refused",
             Settled::Unavailable(_) => "unavailable",
         })

@@ -358,8 +358,10 @@ async fn fencing_tokens_strictly_increase(backend: Backend) {
         will_wait: false,
         report_ttl: true,
         fence_now: false,
+        lapse: idempotency::store::Lapse::Free,
+        keep: Duration::ZERO,
     };
-    let AcquireOutcome::Acquired { fence } = crashed.acquire(req).await.unwrap() else { panic!("not acquired") };
+    let AcquireOutcome::Acquired { fence, .. } = crashed.acquire(req).await.unwrap() else { panic!("not acquired") };
     fences.push(fence);
     tokio::time::sleep(ms(150)).await;
     fences.push(fence_of(&fx.idem(0), Call::new("fenced").keep(Duration::ZERO), false).await);
@@ -743,8 +745,15 @@ async fn values_that_cannot_replay_as_themselves_fail_at_the_first_call(backend:
 /// `me`'s commit of `key` (held by `me` with `fence`) is `Done`, and `Done` again when repeated
 /// (a re-sent command); `other`'s (with `other_fence`) is then `Lost`.
 async fn commits_are_their_owners(store: &dyn Store, key: &str, fence: u64, other_fence: u64) {
-    let commit =
-        CommitRequest { key, owner: "me", fence, keep: Duration::from_secs(60), result: Some(b"1"), fingerprint: None };
+    let commit = CommitRequest {
+        key,
+        owner: "me",
+        fence,
+        keep: Duration::from_secs(60),
+        result: Some(b"1"),
+        fingerprint: None,
+        lease_in_record: false,
+    };
     assert_eq!(store.commit(commit).await.unwrap(), Transition::Done);
     assert_eq!(store.commit(commit).await.unwrap(), Transition::Done, "a repeated commit was not its own");
     assert_eq!(
@@ -770,12 +779,14 @@ async fn unread_fences_belong_to_their_holder(backend: Backend) {
         will_wait: false,
         report_ttl: false,
         fence_now,
+        lapse: idempotency::store::Lapse::Free,
+        keep: Duration::ZERO,
     };
-    let AcquireOutcome::Acquired { fence: now } = store.acquire(req("eager", "me", true)).await.unwrap() else {
+    let AcquireOutcome::Acquired { fence: now, .. } = store.acquire(req("eager", "me", true)).await.unwrap() else {
         panic!("not acquired")
     };
     assert!(now > 0, "a fence asked for at the acquisition was left unread");
-    let AcquireOutcome::Acquired { fence } = store.acquire(req("lazy", "me", false)).await.unwrap() else {
+    let AcquireOutcome::Acquired { fence, .. } = store.acquire(req("lazy", "me", false)).await.unwrap() else {
         panic!("not acquired")
     };
     if fence == 0 {
@@ -804,13 +815,15 @@ async fn transitions_are_safe_to_repeat(backend: Backend) {
         will_wait: false,
         report_ttl: true,
         fence_now: false,
+        lapse: idempotency::store::Lapse::Free,
+        keep: Duration::ZERO,
     };
-    let AcquireOutcome::Acquired { fence } = store.acquire(req("repeat", "me")).await.unwrap() else {
+    let AcquireOutcome::Acquired { fence, .. } = store.acquire(req("repeat", "me")).await.unwrap() else {
         panic!("not acquired")
     };
     // A re-sent acquire is "acquired" again, with a token as good as the first: the same, or the
     // server's clock read later while this owner holds the key.
-    let AcquireOutcome::Acquired { fence: again } = store.acquire(req("repeat", "me")).await.unwrap() else {
+    let AcquireOutcome::Acquired { fence: again, .. } = store.acquire(req("repeat", "me")).await.unwrap() else {
         panic!("a re-sent acquire turned against its own owner")
     };
     assert!(again >= fence, "a re-sent acquire's fence went back: {fence} then {again}");

@@ -155,6 +155,8 @@ impl Checker {
                 will_wait: false,
                 report_ttl: false,
                 fence_now: false,
+                lapse: idempotency::store::Lapse::Free,
+                keep: Duration::ZERO,
             };
             let replays = self.replays.lock().unwrap().get(&key).cloned().unwrap_or_default();
             let produced = self.produced.lock().unwrap().get(&key).cloned().unwrap_or_default();
@@ -481,6 +483,8 @@ async fn checker_catches_overlaps_and_held_keys() {
         will_wait: false,
         report_ttl: false,
         fence_now: false,
+        lapse: idempotency::store::Lapse::Free,
+        keep: Duration::ZERO,
     };
     assert!(matches!(memory.acquire(crashed).await.unwrap(), AcquireOutcome::Acquired { .. }));
     checker.keys.lock().unwrap().insert("held".into());

@@ -26,7 +26,7 @@ fn batch_op(idem: Idempotency, prefix: String, n: usize) -> Op {
         let (idem, prefix) = (idem.clone(), prefix.clone());
         Box::pin(async move {
             let batch = idem.claim::<Receipt>((0..n).map(|j| Call::new(format!("{prefix}:{i}:{j}")))).await;
-            let settled = batch.run(1, |j, _| async move { Ok::<_, ()>(receipt(j as u64)) }).await;
+            let settled = batch.run(1, |j, _| async move { Ok::<_, &str>(receipt(j as u64)) }).await;
             settled.iter().all(|s| matches!(s, Settled::Executed { .. }))
         })
     })

@@ -207,7 +207,7 @@ async fn one_batch(idem: &Idempotency, prefix: &str, n: usize, fails: fn(usize) 
     let settled = batch
         .run(1, |j, _| async move {
             if fails(j) {
-                Err(())
+                Err("failed")
             } else {
                 Ok(j as u64)
             }

@@ -61,6 +61,8 @@ pub fn run(path: &str, n: u64, url: &str) {
             will_wait: false,
             report_ttl: false,
             fence_now: false,
+            lapse: idempotency::store::Lapse::Free,
+            keep: Duration::ZERO,
         };
         if !matches!(store.acquire(held).await, Ok(AcquireOutcome::Acquired { .. } | AcquireOutcome::InProgress { .. }))
         {
@@ -119,7 +121,7 @@ pub fn run(path: &str, n: u64, url: &str) {
                 "batch" => {
                     let calls = (0..BATCH).map(|j| Call::new(format!("ins:batch:{run_id}:{i}:{j}")));
                     let batch = idem.claim::<Receipt>(calls).await;
-                    let settled = batch.run(1, |j, _| async move { Ok::<_, ()>(receipt(j as u64)) }).await;
+                    let settled = batch.run(1, |j, _| async move { Ok::<_, &str>(receipt(j as u64)) }).await;
                     settled.iter().all(|s| matches!(s, idempotency::Settled::Executed { stored: true, .. }))
                 }
                 // One op: `SET NX` for 100 fresh keys in one pipeline, then `SET` for each in another.

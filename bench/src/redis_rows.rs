@@ -286,8 +286,10 @@ pub async fn server_cases(bench: &mut Bench, t: &Target, telemetry: &Telemetry, 
                     will_wait: false,
                     report_ttl: false,
                     fence_now: false,
+                    lapse: idempotency::store::Lapse::Free,
+                    keep: Duration::ZERO,
                 };
-                let Ok(AcquireOutcome::Acquired { fence }) = st.acquire(acquire).await else { return false };
+                let Ok(AcquireOutcome::Acquired { fence, .. }) = st.acquire(acquire).await else { return false };
                 let result = serde_json::to_vec(&receipt(i)).unwrap();
                 let commit = CommitRequest {
                     key: &key,
@@ -296,6 +298,7 @@ pub async fn server_cases(bench: &mut Bench, t: &Target, telemetry: &Telemetry, 
                     keep: Duration::from_secs(86_400),
                     result: Some(&result),
                     fingerprint: None,
+                    lease_in_record: false,
                 };
                 matches!(st.commit(commit).await, Ok(Transition::Done))
             }

@@ -59,6 +59,10 @@ pub enum Command {
     List(ListArgs),
     /// Delete records (a dry run unless --yes)
     Purge(PurgeArgs),
+    /// Resolve an unknown outcome (a key held under on_crash = hold whose holder stopped without
+    /// a commit): it completed (with a value, or without one) or it did not (the key is
+    /// released and the next call runs the body)
+    Resolve(ResolveArgs),
     /// Count records by state and scope, and estimate their memory
     Stats(StatsArgs),
     /// Print records' transitions live, from keyspace notifications
@@ -103,11 +107,37 @@ pub struct InspectArgs {
     pub json: bool,
 }
 
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("outcome").required(true).args(["completed", "completed_without_value", "release"])))]
+pub struct ResolveArgs {
+    /// The full key, as `inspect` takes it; with --client-header or --client, the client's
+    /// Idempotency-Key value
+    pub key: String,
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// It happened: complete the key with this JSON value (the function's Ok value), which
+    /// calls then replay
+    #[arg(long, value_name = "JSON")]
+    pub completed: Option<String>,
+    /// It happened, with no value to replay: calls get Error::Duplicate
+    #[arg(long)]
+    pub completed_without_value: bool,
+    /// It did not happen: release the key (its attempt counted); the next call runs the body
+    #[arg(long)]
+    pub release: bool,
+}
+
 /// A record's state on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum StateArg {
     InProgress,
     Completed,
+    /// Released after failed attempts (the next call runs the next attempt)
+    Released,
+    /// Failed for good: the key gave up (give_up_after)
+    Failed,
+    /// Unknown: held (on_crash = hold) since its holder stopped without a commit
+    Unknown,
 }
 
 impl From<StateArg> for RecordState {
@@ -115,6 +145,9 @@ impl From<StateArg> for RecordState {
         match s {
             StateArg::InProgress => RecordState::InProgress,
             StateArg::Completed => RecordState::Completed,
+            StateArg::Released => RecordState::Released,
+            StateArg::Failed => RecordState::Failed,
+            StateArg::Unknown => RecordState::Unknown,
         }
     }
 }

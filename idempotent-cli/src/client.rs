@@ -17,6 +17,11 @@ pub fn resolve(command: &mut Command) -> Result<(), Failure> {
                 a.key = format!("{scope}:{}", a.key);
             }
         }
+        Command::Resolve(a) => {
+            if let Some(scope) = scope(&a.client)? {
+                a.key = format!("{scope}:{}", a.key);
+            }
+        }
         Command::List(a) => {
             if let Some(scope) = scope(&a.client)? {
                 a.filter.prefix = Some(format!("{scope}:{}", a.filter.prefix.as_deref().unwrap_or("")));

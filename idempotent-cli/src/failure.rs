@@ -20,6 +20,9 @@ pub const EXIT_FOREIGN: u8 = 5;
 pub const EXIT_NOTIFICATIONS_OFF: u8 = 6;
 /// `watch`, `rotate-token-secret`: the command needs Redis, and the store is PostgreSQL.
 pub const EXIT_REDIS_ONLY: u8 = 7;
+/// `resolve`: the record is not an unknown outcome (in progress with its lease running,
+/// completed, released, failed): nothing was changed.
+pub const EXIT_NOT_UNKNOWN: u8 = 8;
 
 /// The exit codes, as `--help` shows them.
 pub const EXIT_CODES_HELP: &str = "\
@@ -29,10 +32,12 @@ Exit codes:
   2  usage: the command line is wrong
   3  cannot connect, or bad configuration (bad or missing URL, unreachable server, refused
      credentials, unreadable CA file)
-  4  inspect: no record at that key
-  5  inspect: the key holds a foreign value, or a record of a format this version does not read
+  4  inspect, resolve: no record at that key
+  5  inspect, resolve: the key holds a foreign value, or a record of a format this version does
+     not read
   6  watch: keyspace notifications are off on the server (see --enable-notifications)
-  7  watch, rotate-token-secret: the store is PostgreSQL, and the command works on Redis only";
+  7  watch, rotate-token-secret: the store is PostgreSQL, and the command works on Redis only
+  8  resolve: the record is not an unknown outcome (nothing changed)";
 
 /// A failed command: its exit code, and a message for stderr (none when the failure was
 /// already reported, or needs no words: output cut by a closed pipe).

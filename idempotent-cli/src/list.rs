@@ -4,7 +4,7 @@
 use std::io::Write;
 use std::time::SystemTime;
 
-use idempotent_core::store::{RecordState, RecordView};
+use idempotent_core::store::RecordView;
 use idempotent_core::ScanFilter;
 
 use crate::args::{Filter, ListArgs, YesNo};
@@ -24,21 +24,18 @@ pub async fn run(ctx: &Ctx, args: &ListArgs, out: &mut impl Write) -> Result<(),
     filter.fingerprinted = args.fingerprinted.map(|f| f == YesNo::Yes);
     let limit = args.limit.unwrap_or(u64::MAX);
     let mut pages = Pages::new(ctx, filter, args.progress);
-    let (mut completed, mut in_progress, mut foreign, mut cut) = (0u64, 0u64, 0u64, false);
+    let (mut counts, mut foreign, mut cut) = (render::Counts::default(), 0u64, false);
     if !args.json {
         writeln!(out, "{}", columns("STATE", "AGE", "TTL", "FENCE", "RESULT", "KEY"))?;
     }
     'scan: while let Some(page) = pages.next().await? {
         let now = SystemTime::now();
         for view in &page.records {
-            if completed + in_progress + foreign >= limit {
+            if counts.total() + foreign >= limit {
                 cut = true;
                 break 'scan;
             }
-            match view.state {
-                RecordState::Completed => completed += 1,
-                RecordState::InProgress => in_progress += 1,
-            }
+            counts.add(view.state);
             if args.json {
                 writeln!(out, "{}", render::record_json(view, now))?;
             } else {
@@ -46,7 +43,7 @@ pub async fn run(ctx: &Ctx, args: &ListArgs, out: &mut impl Write) -> Result<(),
             }
         }
         for (key, reason) in &page.foreign {
-            if completed + in_progress + foreign >= limit {
+            if counts.total() + foreign >= limit {
                 cut = true;
                 break 'scan;
             }
@@ -63,8 +60,9 @@ pub async fn run(ctx: &Ctx, args: &ListArgs, out: &mut impl Write) -> Result<(),
         let cut = if cut { " (--limit reached)" } else { "" };
         writeln!(
             out,
-            "{} ({completed} completed, {in_progress} in progress), {foreign} foreign; {} examined{cut}",
-            render::count(completed + in_progress, "record"),
+            "{} ({}), {foreign} foreign; {} examined{cut}",
+            render::count(counts.total(), "record"),
+            counts.text(),
             render::count(pages.examined, "key")
         )?;
     }

@@ -7,7 +7,7 @@
 //! told). The commands, their output and the exit codes are described in `docs/cli.md`.
 //!
 //! Layout: [`args`] declares the command line, [`connect`] turns it into a store, one module per
-//! command ([`inspect`], [`list`], [`purge`], [`stats`], [`watch`]), and [`client`] (a client's
+//! command ([`inspect`], [`list`], [`purge`], [`resolve`], [`stats`], [`watch`]), and [`client`] (a client's
 //! keys of the HTTP layer), [`scan`], [`render`] and [`failure`] serve them all.
 
 mod args;
@@ -18,6 +18,7 @@ mod inspect;
 mod list;
 mod purge;
 mod render;
+mod resolve;
 mod scan;
 mod stats;
 mod watch;
@@ -74,6 +75,7 @@ async fn run(mut cli: Cli) -> Result<(), Failure> {
         Command::Inspect(a) => inspect::run(&ctx, a, &mut out).await,
         Command::List(a) => list::run(&ctx, a, &mut out).await,
         Command::Purge(a) => purge::run(&ctx, a, &mut out).await,
+        Command::Resolve(a) => resolve::run(&ctx, a, &mut out).await,
         Command::Stats(a) => stats::run(&ctx, a, &mut out).await,
         Command::Watch(a) => watch::run(&ctx, a, &mut out).await,
         Command::RotateTokenSecret => rotate(&ctx, &mut out).await,

@@ -6,26 +6,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use idempotent_core::store::{RecordState, RecordView};
 use serde_json::{json, Value};
 
-/// Unix milliseconds as ISO-8601 in UTC, to the millisecond: `2025-11-30T12:24:34.200Z`.
-pub fn iso8601(unix_ms: u64) -> String {
-    let (days, ms_of_day) = (unix_ms / 86_400_000, unix_ms % 86_400_000);
-    let (year, month, day) = civil_from_days(days as i64);
-    let (h, m, s, ms) = (ms_of_day / 3_600_000, ms_of_day / 60_000 % 60, ms_of_day / 1000 % 60, ms_of_day % 1000);
-    format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}.{ms:03}Z")
-}
-
-/// The proleptic Gregorian date of a day counted from 1970-01-01 (Howard Hinnant's algorithm).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (yoe + era * 400 + i64::from(month <= 2), month, day)
-}
+pub use idempotent_core::utc::iso8601;
 
 /// Now, in unix milliseconds.
 pub fn now_ms() -> u64 {
@@ -74,6 +55,59 @@ pub fn state(s: RecordState) -> &'static str {
     match s {
         RecordState::InProgress => "in_progress",
         RecordState::Completed => "completed",
+        RecordState::Released => "released",
+        RecordState::Failed => "failed",
+        RecordState::Unknown => "unknown",
+    }
+}
+
+/// Records counted by state (`list`'s last line, `stats`).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Counts {
+    pub completed: u64,
+    pub in_progress: u64,
+    pub released: u64,
+    pub failed: u64,
+    pub unknown: u64,
+}
+
+impl Counts {
+    pub fn add(&mut self, state: RecordState) {
+        match state {
+            RecordState::Completed => self.completed += 1,
+            RecordState::InProgress => self.in_progress += 1,
+            RecordState::Released => self.released += 1,
+            RecordState::Failed => self.failed += 1,
+            RecordState::Unknown => self.unknown += 1,
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.completed + self.in_progress + self.released + self.failed + self.unknown
+    }
+
+    /// `N completed, M in progress`, and the records of failed attempts and unknown outcomes
+    /// where there are any.
+    pub fn text(&self) -> String {
+        let mut text = format!("{} completed, {} in progress", self.completed, self.in_progress);
+        for (n, what) in [(self.released, "released"), (self.failed, "failed"), (self.unknown, "unknown")] {
+            if n > 0 {
+                text.push_str(&format!(", {n} {what}"));
+            }
+        }
+        text
+    }
+
+    /// The counts as JSON fields.
+    pub fn json(&self) -> Value {
+        json!({
+            "records": self.total(),
+            "completed": self.completed,
+            "in_progress": self.in_progress,
+            "released": self.released,
+            "failed": self.failed,
+            "unknown": self.unknown,
+        })
     }
 }
 
@@ -114,6 +148,7 @@ pub fn record_json(view: &RecordView, now: SystemTime) -> Value {
     if let Value::Object(map) = &mut v {
         map.insert("started".into(), view.started_ms.map(iso8601).into());
         map.insert("stored".into(), view.stored_ms.map(iso8601).into());
+        map.insert("lease_end".into(), view.lease_end_ms.map(iso8601).into());
         map.insert("age_ms".into(), view.age(now).map(|d| d.as_millis() as u64).into());
         map.insert("result_bytes".into(), view.result_bytes().into());
         map.insert("result".into(), result_value(view));
@@ -139,15 +174,32 @@ pub fn record_text(view: &RecordView, place: (&str, &str), now: SystemTime) -> S
     let yes_no = |b: bool| if b { "yes" } else { "no" }.to_owned();
     let ttl = match (view.ttl, view.state) {
         (None, _) => "none (the key does not expire)".to_owned(),
+        (Some(t), RecordState::InProgress) if view.lease_end_ms.is_some() => {
+            format!("{} (kept for, past its lease's end: see lease end)", short_duration(t))
+        }
         (Some(t), RecordState::InProgress) => format!("{} (lease left)", short_duration(t)),
-        (Some(t), RecordState::Completed) => format!("{} (kept for)", short_duration(t)),
+        (Some(t), _) => format!("{} (kept for)", short_duration(t)),
     };
     let result = match (view.state, view.result_bytes()) {
-        (RecordState::InProgress, _) => dash(),
         (RecordState::Completed, None) => "not stored (not replayable: over the size limit, or a value that does not read back as itself; a duplicate gets Error::Duplicate)".into(),
         (RecordState::Completed, Some(n)) => format!("{n} bytes"),
+        _ => dash(),
     };
-    let rows = [
+    let attempts = match (view.state, view.attempts) {
+        (_, None) => dash(),
+        (RecordState::Released, Some(n)) => format!("{n} failed (the next call runs attempt {})", n + 1),
+        (RecordState::Failed, Some(n)) => {
+            format!("{n} failed: gave up (calls get Error::GaveUp until the key is purged)")
+        }
+        (_, Some(n)) => format!("{n} (this attempt)"),
+    };
+    let on_crash = if view.state == RecordState::Unknown {
+        "held: its holder stopped without a commit; calls get Error::OutcomeUnknown until `idempotency resolve`"
+            .to_owned()
+    } else {
+        "hold: once the lease ends without a commit, the outcome is unknown".to_owned()
+    };
+    let mut rows = vec![
         ("key", view.key.clone()),
         (place.0, place.1.to_owned()),
         ("state", state(view.state).to_owned()),
@@ -160,6 +212,7 @@ pub fn record_text(view: &RecordView, place: (&str, &str), now: SystemTime) -> S
                         .into()
                 }
                 (None, RecordState::Completed) => "- (the body never read its fence)".into(),
+                (None, _) => dash(),
             },
         ),
         ("owner", view.owner.clone().unwrap_or_else(dash)),
@@ -171,6 +224,19 @@ pub fn record_text(view: &RecordView, place: (&str, &str), now: SystemTime) -> S
         ("replayable", yes_no(view.replayable)),
         ("result", result),
     ];
+    // Where the record counts attempts or holds its outcome: what it says of them.
+    if view.attempts.is_some() {
+        rows.push(("attempts", attempts));
+    }
+    if let Some(error) = &view.last_error {
+        rows.push(("last error", error.clone()));
+    }
+    if let Some(ms) = view.lease_end_ms {
+        rows.push(("lease end", format!("{} (by the store's clock)", iso8601(ms))));
+    }
+    if view.holds || view.state == RecordState::Unknown {
+        rows.push(("on crash", on_crash));
+    }
     let mut text = String::new();
     for (name, value) in rows {
         text.push_str(&format!("{name:<12} {value}\n"));
@@ -186,14 +252,6 @@ pub fn record_text(view: &RecordView, place: (&str, &str), now: SystemTime) -> S
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn times_are_iso8601_utc() {
-        assert_eq!(iso8601(0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(iso8601(1_764_505_474_200), "2025-11-30T12:24:34.200Z");
-        assert_eq!(iso8601(951_782_400_000), "2000-02-29T00:00:00.000Z");
-        assert_eq!(iso8601(4_107_542_399_999), "2100-02-28T23:59:59.999Z");
-    }
 
     #[test]
     fn durations_and_sizes_are_short() {

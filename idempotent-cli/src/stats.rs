@@ -7,7 +7,6 @@ use std::io::Write;
 
 use idempotent_core::store::redis::fred::prelude::*;
 use idempotent_core::store::redis::fred::types::{ClusterHash, CustomCommand};
-use idempotent_core::store::RecordState;
 use idempotent_core::{PgStore, RedisStore, ScanFilter};
 use serde_json::json;
 
@@ -17,25 +16,7 @@ use crate::failure::{Failure, EXIT_FAILURE};
 use crate::render;
 use crate::scan::Pages;
 
-/// Records of one scope (or of all).
-#[derive(Debug, Default, Clone, Copy)]
-struct Counts {
-    completed: u64,
-    in_progress: u64,
-}
-
-impl Counts {
-    fn add(&mut self, state: RecordState) {
-        match state {
-            RecordState::Completed => self.completed += 1,
-            RecordState::InProgress => self.in_progress += 1,
-        }
-    }
-
-    fn total(&self) -> u64 {
-        self.completed + self.in_progress
-    }
-}
+use render::Counts;
 
 /// What the sampled records take, by `how` (`MEMORY USAGE`, `pg_column_size`).
 struct Memory {
@@ -71,12 +52,8 @@ pub async fn run(ctx: &Ctx, args: &StatsArgs, out: &mut impl Write) -> Result<()
     let estimate = |m: &Memory| (m.sampled > 0).then(|| m.total_bytes as f64 / m.sampled as f64);
 
     if args.json {
-        let scopes: serde_json::Map<String, serde_json::Value> = scopes
-            .iter()
-            .map(|(s, c)| {
-                ((*s).clone(), json!({ "records": c.total(), "completed": c.completed, "in_progress": c.in_progress }))
-            })
-            .collect();
+        let scopes: serde_json::Map<String, serde_json::Value> =
+            scopes.iter().map(|(s, c)| ((*s).clone(), c.json())).collect();
         let memory_json = match &memory {
             Ok(m) => json!({
                 "measured_by": m.how,
@@ -92,6 +69,9 @@ pub async fn run(ctx: &Ctx, args: &StatsArgs, out: &mut impl Write) -> Result<()
             "records": all.total(),
             "completed": all.completed,
             "in_progress": all.in_progress,
+            "released": all.released,
+            "failed": all.failed,
+            "unknown": all.unknown,
             "foreign": foreign,
             "examined": pages.examined,
             "scopes": scopes,
@@ -105,10 +85,9 @@ pub async fn run(ctx: &Ctx, args: &StatsArgs, out: &mut impl Write) -> Result<()
         };
         writeln!(
             out,
-            "{} under {under} ({} completed, {} in progress), {}, {} examined",
+            "{} under {under} ({}), {}, {} examined",
             render::count(all.total(), "record"),
-            all.completed,
-            all.in_progress,
+            all.text(),
             render::count(foreign, "foreign value"),
             render::count(pages.examined, "key")
         )?;

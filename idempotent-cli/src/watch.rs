@@ -176,6 +176,18 @@ async fn print_event(ctx: &Ctx, json: bool, op: &str, key: &str, out: &mut impl 
                     view.fence.map_or_else(dash, |f| f.to_string()),
                     view.result_bytes().map_or_else(|| "not stored".to_owned(), |n| format!("{n} bytes")),
                 ),
+                idempotent_core::store::RecordState::Released | idempotent_core::store::RecordState::Failed => {
+                    format!(
+                        "{} failed, last error {:?}, kept {ttl}",
+                        view.attempts.unwrap_or(0),
+                        view.last_error.as_deref().unwrap_or("")
+                    )
+                }
+                idempotent_core::store::RecordState::Unknown => format!(
+                    "owner {}, attempt {}, held until resolved",
+                    view.owner.as_deref().unwrap_or("-"),
+                    view.attempts.unwrap_or(1)
+                ),
             };
             (render::state(view.state), details)
         }

@@ -364,7 +364,10 @@ async fn every_command(t: Target) {
     assert!(memory.contains(&format!("(MEMORY USAGE of {total} records sampled)")), "{memory}");
     let j: Value = serde_json::from_str(&t.cli(&["stats", "--json", "--sample", "5"]).await.expect(0).stdout).unwrap();
     assert_eq!((j["records"].as_u64(), j["in_progress"].as_u64()), (Some(total as u64), Some(1)));
-    assert_eq!(j["scopes"]["my_crate::payments::pay"], json!({ "records": 2, "completed": 2, "in_progress": 0 }));
+    assert_eq!(
+        j["scopes"]["my_crate::payments::pay"],
+        json!({ "records": 2, "completed": 2, "in_progress": 0, "released": 0, "failed": 0, "unknown": 0 })
+    );
     assert_eq!(j["memory"]["sampled"], json!(5));
     let per_record = j["memory"]["bytes_per_record"].as_f64().unwrap();
     assert!((40.0..10_000.0).contains(&per_record), "{j}");
@@ -686,8 +689,13 @@ async fn bad_input_is_a_clear_message_and_an_exit_code() {
 
     // --help documents the exit codes.
     let help = run_raw(args(&["--help"])).await.expect(0);
-    for code in ["3  cannot connect", "4  inspect: no record", "5  inspect: the key holds a foreign value", "6  watch"]
-    {
+    for code in [
+        "3  cannot connect",
+        "4  inspect, resolve: no record",
+        "5  inspect, resolve: the key holds a foreign value",
+        "6  watch",
+        "8  resolve",
+    ] {
         assert!(help.stdout.contains(code), "{code:?} not in --help: {}", help.stdout);
     }
 }
@@ -878,7 +886,10 @@ async fn every_command_on_postgres() {
     assert_eq!(in_progress.into_keys().collect::<Vec<_>>(), ["ops:b"]);
     let stats: Value = serde_json::from_str(&pg(&["stats", "--json"]).await.expect(0).stdout).unwrap();
     assert_eq!((stats["records"].as_u64(), stats["in_progress"].as_u64()), (Some(total as u64), Some(1)));
-    assert_eq!(stats["scopes"]["spread"], json!({ "records": 5, "completed": 5, "in_progress": 0 }));
+    assert_eq!(
+        stats["scopes"]["spread"],
+        json!({ "records": 5, "completed": 5, "in_progress": 0, "released": 0, "failed": 0, "unknown": 0 })
+    );
     assert_eq!(
         (stats["memory"]["measured_by"].as_str(), stats["memory"]["sampled"].as_u64()),
         (Some("pg_column_size"), Some(total as u64))

@@ -7,6 +7,10 @@ use serde::Serialize;
 use crate::codec::{self, MAX_FINGERPRINT_BYTES};
 use crate::error::Error;
 use crate::key::KeyBuilder;
+use crate::store::Lapse;
+
+/// The most attempts `give_up_after` accepts.
+pub const MAX_ATTEMPTS: u32 = 1000;
 
 /// Parameter mode (the key comes from the call's arguments) or token mode (the key is a
 /// one-time token issued beforehand).
@@ -85,6 +89,34 @@ pub enum OnConflict {
     Wait(Duration),
 }
 
+/// What becomes of a key whose holder stops mid-body without a word: its process dies, it is
+/// paused past its lease, its call is dropped or its body panics. The body may have had its
+/// effect (called the payment provider) or not.
+///
+/// ```
+/// use idempotency::{Call, OnCrash};
+///
+/// // A payout whose holder died mid-body is not paid again until someone checks.
+/// let call = Call::new("payout:981").scope("payouts").on_crash(OnCrash::Hold);
+/// # let _ = call;
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnCrash {
+    /// The key is free again (after the lease, for a process that died; at once, for a dropped
+    /// call or a panic): the next call runs the body. The default: right when running the body
+    /// twice is harmless or its effect is checked downstream (the fence).
+    #[default]
+    Rerun,
+    /// The key is held: once the lease ends without a commit, calls get
+    /// [`Error::OutcomeUnknown`](crate::Error::OutcomeUnknown) and the body does not run again
+    /// until the outcome is resolved: by an operator (`idempotency resolve`,
+    /// [`Idempotency::resolve`](crate::Idempotency::resolve)) or by the runtime's resolver
+    /// ([`IdempotencyBuilder::resolver`](crate::IdempotencyBuilder::resolver)), or until the
+    /// record's `keep` ends. A body's `Err` still releases the key (the body says it failed).
+    /// Right for a withdrawal or a payout: never run twice on a guess.
+    Hold,
+}
+
 /// One guarded call: its key and the policies it runs under.
 ///
 /// The full key is `scope:key` when a scope is set; in token mode without a scope it is
@@ -118,9 +150,9 @@ pub struct Call {
     /// runtime refuses the call with it before anything else, recorded like every refused call.
     /// (The template, why.)
     refused: Option<(String, String)>,
-    /// `give_up_after`: how many attempts of the key failed before this one (the body sees
-    /// this plus its own acquires in `CallContext::attempt`).
-    pub(crate) earlier_attempts: u32,
+    pub(crate) on_crash: OnCrash,
+    /// `give_up_after(N)`: the N-th failed attempt gives up on the key.
+    pub(crate) give_up_after: Option<u32>,
 }
 
 impl Call {
@@ -142,7 +174,8 @@ impl Call {
             abort_on_lease_lost: false,
             renew: true,
             refused: None,
-            earlier_attempts: 0,
+            on_crash: OnCrash::Rerun,
+            give_up_after: None,
         }
     }
 
@@ -236,6 +269,34 @@ impl Call {
         self
     }
 
+    /// What becomes of the key if its holder stops mid-body without a word (default:
+    /// [`OnCrash::Rerun`]). [`OnCrash::Hold`] needs a store that keeps attempts (memory, Redis,
+    /// PostgreSQL) and a `keep` over zero (an unknown outcome is held for `keep` after the lease).
+    pub fn on_crash(mut self, policy: OnCrash) -> Self {
+        self.on_crash = policy;
+        self
+    }
+
+    /// Gives up on the key after `attempts` failed attempts, counted across retries and
+    /// processes (a body's `Err`, a panic, a lease that ran out): the failures before free the
+    /// key for a retry, the `attempts`-th marks it as failed, and every call after it gets
+    /// [`Error::GaveUp`](crate::Error::GaveUp) without running the body. The last error's text
+    /// is its `Display` through [`Idempotency::run_giving_up`](crate::Idempotency::run_giving_up)
+    /// and a batch, its type's name through `run`. 1 to [`MAX_ATTEMPTS`].
+    pub fn give_up_after(mut self, attempts: u32) -> Self {
+        self.give_up_after = Some(attempts);
+        self
+    }
+
+    /// What the store is to make of this call's key if its lease runs out.
+    pub(crate) fn lapse(&self) -> Lapse {
+        match (self.on_crash, self.give_up_after) {
+            (OnCrash::Hold, _) => Lapse::Hold,
+            (OnCrash::Rerun, Some(_)) => Lapse::Count,
+            (OnCrash::Rerun, None) => Lapse::Free,
+        }
+    }
+
     /// Whether the watchdog renews the lease while the body runs (default: yes). Without it
     /// the lease bounds the body: a body that outlives it may run twice.
     pub fn renew(mut self, renew: bool) -> Self {
@@ -280,25 +341,6 @@ impl Call {
         self.key = key;
     }
 
-    /// The same call on another full key, with no scope: a later attempt's record under
-    /// `give_up_after`, after `earlier` failed ones.
-    pub(crate) fn on_key(&self, full_key: String, earlier: u32) -> Call {
-        Call {
-            key: full_key,
-            scope: None,
-            mode: Mode::Param,
-            ttl: self.ttl,
-            keep: self.keep,
-            on_duplicate: self.on_duplicate,
-            on_conflict: self.on_conflict,
-            fingerprint: self.fingerprint.clone(),
-            abort_on_lease_lost: self.abort_on_lease_lost,
-            renew: self.renew,
-            refused: None,
-            earlier_attempts: earlier,
-        }
-    }
-
     /// Checks the call like [`validate`](Self::validate) and takes the full key out of it: moved,
     /// not copied, when it is the key alone. The call keeps its policies.
     pub(crate) fn take_key(&mut self, lease: Duration) -> Result<(String, Option<String>), Error> {
@@ -341,6 +383,14 @@ impl Call {
         }
         if let OnConflict::Wait(patience) = self.on_conflict {
             check_patience(full_key, patience)?;
+        }
+        if let Some(attempts) = self.give_up_after {
+            if attempts == 0 || attempts > MAX_ATTEMPTS {
+                return Err(Error::InvalidCall {
+                    key: full_key.to_owned(),
+                    reason: format!("give_up_after({attempts}): the attempts must be 1 to {MAX_ATTEMPTS}"),
+                });
+            }
         }
         match &self.fingerprint {
             None => Ok(None),

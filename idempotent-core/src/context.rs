@@ -158,12 +158,13 @@ impl CallContext {
         self.inner.fence.get().copied()
     }
 
-    /// Which acquire of this call got the key: 1, or more when the call waited for another
-    /// holder (`OnConflict::Wait`) that released the key without completing it, so that this
-    /// call runs the body in its place. Under `give_up_after`
-    /// ([`Idempotency::run_giving_up`](crate::Idempotency::run_giving_up)) the failed attempts
-    /// of the key before this call, by any caller, are counted too: the body of the third try
-    /// after two failures sees 3.
+    /// Which attempt of the key this is, counted across retries and processes: 1, or one more
+    /// than the attempts that failed before it (a body's `Err` or panic, by any caller, while
+    /// the record of it is kept: the call's `keep`), so the body of the third try after two
+    /// failures sees 3. A dropped call is not counted, nor a first attempt whose process died
+    /// (unless its call counts crashes: `on_crash = hold`, `give_up_after`; from the second
+    /// attempt on a crash counts too). Counted by a store that keeps attempts (memory, Redis,
+    /// PostgreSQL); 1 on another.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {

@@ -151,7 +151,7 @@ pub enum Error {
         reason: String,
     },
     /// `give_up_after(N)`: the key's body failed `attempts` times, the most its policy allows,
-    /// and it is not run again until an operator forgets the key or its records' `keep` ends
+    /// and it is not run again until an operator forgets the key or its record's `keep` ends
     /// ([`Idempotency::run_giving_up`](crate::Idempotency::run_giving_up)).
     #[error("key {}: gave up after {attempts} failed attempts; the last failed with: {last_error}", shown(key))]
     GaveUp {
@@ -161,6 +161,27 @@ pub enum Error {
         attempts: u32,
         /// The last attempt's error, as its `Display` wrote it.
         last_error: String,
+    },
+    /// `on_crash = hold`: the key's holder stopped mid-body without a commit or a release (its
+    /// process died, or it stalled past its lease, or its call was dropped), so whether the
+    /// body's effect happened is unknown; the body is not run again until the outcome is
+    /// resolved ([`Idempotency::resolve`](crate::Idempotency::resolve), `idempotency resolve`,
+    /// or the runtime's resolver) or the record's `keep` ends.
+    #[error(
+        "key {}: outcome unknown: attempt {attempt}, held by {owner}, stopped without a commit (its lease ended at {}); resolve it before it runs again",
+        shown(key),
+        crate::utc::Iso8601(*lease_ended)
+    )]
+    OutcomeUnknown {
+        /// The key.
+        key: String,
+        /// The owner id of the attempt that held it (its last 8 characters carry when it started,
+        /// which `idempotency inspect` shows).
+        owner: String,
+        /// When its lease ended, by the store's clock.
+        lease_ended: std::time::SystemTime,
+        /// Which attempt of the key it was.
+        attempt: u32,
     },
 }
 
@@ -182,7 +203,8 @@ impl Error {
             | Error::NotConfigured { key }
             | Error::InvalidKey { key, .. }
             | Error::InvalidCall { key, .. }
-            | Error::GaveUp { key, .. } => key,
+            | Error::GaveUp { key, .. }
+            | Error::OutcomeUnknown { key, .. } => key,
         }
     }
 }

@@ -13,10 +13,15 @@ use crate::token::TokenKeys;
 pub fn record(data: &[u8]) {
     use crate::store::redis::record;
     if let Ok(parsed) = record::parse(data) {
-        assert!(parsed.state == b'P' || parsed.state == b'C');
+        assert!(matches!(parsed.state, b'P' | b'C' | b'R' | b'F'));
+        // Only a record in progress keeps its lease's end; only one that keeps it may be held.
+        assert!(parsed.lease_end_ms.is_none() || parsed.state == b'P');
+        assert!(!parsed.hold || parsed.lease_end_ms.is_some());
     }
     let _ = record::found(data, "owner", 1, Some(1000));
-    let _ = record::view("key", data, Some(-2));
+    for now in [0, 1_700_000_000_000, u64::MAX] {
+        let _ = record::view("key", data, Some(-2), now);
+    }
 }
 
 /// A token, checked by keys that did not sign it (and by one that signed others): refused,

@@ -56,11 +56,12 @@ pub mod telemetry;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod token;
+pub mod utc;
 mod watchdog;
 #[cfg(feature = "axum")]
 pub mod web;
 
-pub use call::{Call, Mode, OnConflict, OnDuplicate, MAX_DURATION, MAX_KEY_BYTES, MIN_LEASE};
+pub use call::{Call, Mode, OnConflict, OnCrash, OnDuplicate, MAX_ATTEMPTS, MAX_DURATION, MAX_KEY_BYTES, MIN_LEASE};
 pub use codec::MAX_FINGERPRINT_BYTES;
 pub use context::CallContext;
 pub use duration::parse_duration;
@@ -71,9 +72,9 @@ pub use global::{global, init, Global};
 pub use key::KeyBuilder;
 pub use lock::{LockGuard, LockRequest, LOCK_SCOPE};
 pub use runtime::{
-    Ack, AckPlan, Batch, Completed, Force, Idempotency, IdempotencyBuilder, Outcome, ScanFilter, Settled, DEFAULT_KEEP,
-    DEFAULT_MAX_RESULT_BYTES, DEFAULT_MAX_WAITERS_PER_KEY, DEFAULT_TOKEN_SKEW, DEFAULT_TTL, MAX_ATTEMPTS,
-    RUNTIME_ENV_VARS,
+    Ack, AckPlan, Batch, Completed, Force, Idempotency, IdempotencyBuilder, Outcome, Resolve, ScanFilter, Settled,
+    Unresolved, DEFAULT_KEEP, DEFAULT_MAX_RESULT_BYTES, DEFAULT_MAX_WAITERS_PER_KEY, DEFAULT_RESOLVER_TIMEOUT,
+    DEFAULT_TOKEN_SKEW, DEFAULT_TTL, RUNTIME_ENV_VARS,
 };
 pub use store::memory::MemoryStore;
 #[cfg(feature = "postgres")]

@@ -11,6 +11,7 @@ use crate::context::CallContext;
 use crate::error::Error;
 use crate::ids;
 use crate::runtime::{Idempotency, NoTurn, Taken, Taking, Track, Turn};
+use crate::store::Lapse;
 use crate::telemetry::{self, logged_key, LockOutcome};
 use crate::watchdog::Registration;
 
@@ -140,7 +141,7 @@ impl<'a> LockRequest<'a> {
         let owner = ids::owner_id();
         let before = *queued;
         // A guard hands its fence out at once: taken with the acquisition (one round trip).
-        let how = Taking { on_conflict, fence_now: true };
+        let how = Taking { on_conflict, fence_now: true, lapse: Lapse::Free, keep: Duration::ZERO };
         let taken = self.idem.take(&key, owner, lease, None, how, track).await.map_err(|e| match e {
             // A lock is not a guarded call: no result comes of its holder.
             Error::Conflict { key, .. } => Error::Locked { key, waited: None },
@@ -148,9 +149,9 @@ impl<'a> LockRequest<'a> {
             other => other,
         })?;
         match taken {
-            Taken::Held { fence, sent } => {
+            Taken::Held { fence, sent, attempt } => {
                 tracing::debug!(key = %logged_key(&key), fence, "idempotency lock taken");
-                let context = CallContext::new(key, owner, fence, track.attempts(), self.idem.store().clone());
+                let context = CallContext::new(key, owner, fence, attempt, self.idem.store().clone());
                 // A store that left it unread anyway (`fence_now` is a wish): read it now.
                 if let Err(e) = context.fence().await {
                     self.idem.store().clone().abandon(context.key(), context.owner(), lease);

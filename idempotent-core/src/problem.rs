@@ -55,6 +55,11 @@ pub enum ProblemKind {
     /// 422: the work with this key failed as many times as its policy allows
     /// (`on_error = give_up_after(N)`, `Error::GaveUp`); it is not run again.
     GaveUp,
+    /// 409: the work with this key was stopped mid-way without an outcome (its server died, or
+    /// stalled past its lease) under `on_crash = hold`, so whether it took effect is unknown
+    /// (`Error::OutcomeUnknown`); it is not run again until an operator or the application's
+    /// resolver says what became of it. Retrying does not help until then: no `Retry-After`.
+    OutcomeUnknown,
     /// 413: the request body is larger than the layer reads to fingerprint it.
     RequestTooLarge,
     /// 422: the key was used before for a different request (method, path or body).
@@ -83,9 +88,11 @@ impl ProblemKind {
             | ProblemKind::UnreadableBody
             | ProblemKind::InvalidCall => StatusCode::BAD_REQUEST,
             ProblemKind::UnidentifiedClient => StatusCode::FORBIDDEN,
-            ProblemKind::InFlight | ProblemKind::LockHeld | ProblemKind::NotReplayable | ProblemKind::Duplicate => {
-                StatusCode::CONFLICT
-            }
+            ProblemKind::InFlight
+            | ProblemKind::LockHeld
+            | ProblemKind::NotReplayable
+            | ProblemKind::Duplicate
+            | ProblemKind::OutcomeUnknown => StatusCode::CONFLICT,
             ProblemKind::RequestTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProblemKind::KeyReused | ProblemKind::GaveUp => StatusCode::UNPROCESSABLE_ENTITY,
             ProblemKind::UnreadableResponse => StatusCode::BAD_GATEWAY,
@@ -107,6 +114,7 @@ impl ProblemKind {
             ProblemKind::Duplicate => "duplicate",
             ProblemKind::InvalidCall => "invalid-call",
             ProblemKind::GaveUp => "gave-up",
+            ProblemKind::OutcomeUnknown => "outcome-unknown",
             ProblemKind::RequestTooLarge => "request-too-large",
             ProblemKind::KeyReused => "key-reused",
             ProblemKind::UnreadableBody => "unreadable-body",
@@ -150,6 +158,12 @@ impl ProblemKind {
             (ProblemKind::InvalidCall, Origin::Call) => "The call's options are out of range",
             (ProblemKind::GaveUp, Origin::Header) => "This request failed too many times; it is not run again",
             (ProblemKind::GaveUp, Origin::Call) => "This call failed too many times; it is not run again",
+            (ProblemKind::OutcomeUnknown, Origin::Header) => {
+                "The outcome of the request with this Idempotency-Key is unknown; it is not run again until resolved"
+            }
+            (ProblemKind::OutcomeUnknown, Origin::Call) => {
+                "The outcome of this call is unknown; it is not run again until resolved"
+            }
             (ProblemKind::RequestTooLarge, _) => "Request body too large",
             (ProblemKind::KeyReused, Origin::Header) => "Idempotency-Key reused for a different request",
             (ProblemKind::KeyReused, Origin::Call) => "Idempotency key reused with a different payload",
@@ -259,6 +273,7 @@ impl Problem {
     /// | `InvalidKey` | 400 | malformed-key |
     /// | `InvalidCall` | 400 | invalid-call |
     /// | `GaveUp` | 422 | gave-up |
+    /// | `OutcomeUnknown` | 409 | outcome-unknown |
     /// | `Store`, `LeaseLost` | 503 | store-unavailable |
     /// | `Unconfirmed` | 503, `Retry-After: 1` | unconfirmed |
     /// | `Codec`, `Corrupt`, `NotConfigured` | 500 | internal |
@@ -343,6 +358,14 @@ impl Problem {
                     "{a_call} with this key failed {attempts} times, the last with: {last_error}; it is not run again"
                 ),
             ),
+            Error::OutcomeUnknown { lease_ended, attempt, .. } => p(
+                ProblemKind::OutcomeUnknown,
+                format!(
+                    "{a_call} with this key (attempt {attempt}) stopped without an outcome when its lease ended at {}: \
+                     whether it took effect is unknown, and it is not run again until an operator resolves it",
+                    crate::utc::Iso8601(*lease_ended)
+                ),
+            ),
             Error::Store { source, .. } => p(
                 ProblemKind::StoreUnavailable,
                 format!("the idempotency store failed ({}); nothing ran, retry later", source.kind()),
@@ -417,6 +440,7 @@ mod tests {
             ProblemKind::Duplicate,
             ProblemKind::InvalidCall,
             ProblemKind::GaveUp,
+            ProblemKind::OutcomeUnknown,
             ProblemKind::RequestTooLarge,
             ProblemKind::KeyReused,
             ProblemKind::UnreadableBody,
@@ -489,6 +513,16 @@ mod tests {
             (Error::InvalidKey { key: k(), reason: "empty".into() }, 400, "malformed-key"),
             (Error::InvalidCall { key: k(), reason: "too large".into() }, 400, "invalid-call"),
             (Error::GaveUp { key: k(), attempts: 3, last_error: "card declined".into() }, 422, "gave-up"),
+            (
+                Error::OutcomeUnknown {
+                    key: k(),
+                    owner: "AAAAAAgR7uBddltXePwIaA".into(),
+                    lease_ended: std::time::UNIX_EPOCH,
+                    attempt: 1,
+                },
+                409,
+                "outcome-unknown",
+            ),
             (Error::Store { key: k(), source: store() }, 503, "store-unavailable"),
             (Error::LeaseLost { key: k(), reason: "expired".into() }, 503, "store-unavailable"),
             (Error::Unconfirmed { key: k(), source: store() }, 503, "unconfirmed"),

@@ -130,13 +130,18 @@ pub enum CallOutcome {
     CodecError,
     /// The body returned `Err`: the key was released.
     BodyError,
-    /// The body panicked: the key was released.
+    /// The body panicked: the key was released (or, under `on_crash = hold`, left to its
+    /// lease).
     Panicked,
+    /// The key gave up after its failed attempts (`Error::GaveUp`).
+    GaveUp,
+    /// The key's outcome is unknown (`Error::OutcomeUnknown`).
+    OutcomeUnknown,
 }
 
 /// How many outcomes there are.
 #[cfg(feature = "metrics")]
-const OUTCOMES: usize = CallOutcome::Panicked as usize + 1;
+const OUTCOMES: usize = CallOutcome::OutcomeUnknown as usize + 1;
 
 impl CallOutcome {
     /// The outcome's name in spans and metrics.
@@ -157,6 +162,8 @@ impl CallOutcome {
             CallOutcome::CodecError => "codec_error",
             CallOutcome::BodyError => "body_error",
             CallOutcome::Panicked => "panicked",
+            CallOutcome::GaveUp => "gave_up",
+            CallOutcome::OutcomeUnknown => "outcome_unknown",
         }
     }
 
@@ -172,6 +179,8 @@ impl CallOutcome {
             Error::LeaseLost { .. } => CallOutcome::LeaseLost,
             Error::InvalidKey { .. } | Error::InvalidCall { .. } => CallOutcome::Invalid,
             Error::Codec { .. } | Error::Corrupt { .. } => CallOutcome::CodecError,
+            Error::GaveUp { .. } => CallOutcome::GaveUp,
+            Error::OutcomeUnknown { .. } => CallOutcome::OutcomeUnknown,
             _ => CallOutcome::StoreError,
         }
     }
@@ -302,6 +311,11 @@ pub fn describe_metrics() {
             "idempotency_background_tasks",
             Unit::Count,
             "Store work going on after its caller gave up or returned: background releases and commits."
+        );
+        describe_counter!(
+            "idempotency_resolutions_total",
+            Unit::Count,
+            "Unknown outcomes (on_crash = hold) resolved, by what became of them (completed, not_done, still_unknown, failed) and by whom (resolver, operator)."
         );
         describe_counter!(
             "idempotency_background_dropped_total",
@@ -454,6 +468,12 @@ pub(crate) mod record {
     pub(crate) fn background_dropped(what: &'static str) {
         metrics::counter!("idempotency_background_dropped_total", "what" => what).increment(1)
     }
+
+    /// An unknown outcome resolved (`how`: completed, not_done, still_unknown, failed) by `by`
+    /// (resolver, operator).
+    pub(crate) fn resolution(how: &'static str, by: &'static str) {
+        metrics::counter!("idempotency_resolutions_total", "how" => how, "by" => by).increment(1)
+    }
 }
 
 /// Without the `metrics` feature: nothing.
@@ -488,6 +508,8 @@ pub(crate) mod record {
     pub(crate) fn background(delta: f64) {}
     #[inline(always)]
     pub(crate) fn background_dropped(what: &'static str) {}
+
+    pub(crate) fn resolution(how: &'static str, by: &'static str) {}
 }
 
 #[cfg(test)]

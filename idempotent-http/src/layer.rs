@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use http::header::{HeaderName, CONTENT_LANGUAGE, CONTENT_LOCATION, CONTENT_TYPE, ETAG, LAST_MODIFIED, LOCATION};
 use http::{request, Method, StatusCode};
-use idempotent_core::{Idempotency, OnConflict};
+use idempotent_core::{Idempotency, OnConflict, OnCrash};
 use tower_layer::Layer;
 
 use crate::header::DEFAULT_MAX_KEY_BYTES;
@@ -111,6 +111,7 @@ impl IdempotencyLayer {
                 json_fingerprint: false,
                 expiry_header: false,
                 on_conflict: OnConflict::Reject,
+                on_crash: OnCrash::Rerun,
                 ttl: None,
                 keep: None,
                 token_ttl: DEFAULT_TOKEN_TTL,
@@ -243,6 +244,17 @@ impl IdempotencyLayer {
     /// in flight after `patience`: 409.
     pub fn wait_in_flight(self, patience: Duration) -> Self {
         self.with(|p| p.on_conflict = OnConflict::Wait(patience))
+    }
+
+    /// What a request whose server stops mid-handler (killed, or stalled past its lease) leaves
+    /// its key as: free again once the lease ends ([`OnCrash::Rerun`], the default: a retry runs
+    /// the handler again), or held ([`OnCrash::Hold`]): whether the handler took effect is
+    /// unknown, and a retry gets 409 `outcome-unknown` until an operator resolves the key
+    /// (`idempotency resolve`) or the runtime's resolver does. For endpoints that must never run
+    /// twice on a guess: a payout, a withdrawal. A handler's own error answer is not a crash: it is
+    /// released (or stored) as the layer's `store_if` says.
+    pub fn on_crash(self, policy: OnCrash) -> Self {
+        self.with(|p| p.on_crash = policy)
     }
 
     /// The lease while the handler runs (default: the runtime's, 30 s, renewed while the

@@ -8,6 +8,7 @@ use std::time::Duration;
 use http::StatusCode;
 use idempotent_core::problem::{ProblemKind, PROBLEM_JSON};
 use idempotent_core::OnConflict;
+use idempotent_core::OnCrash;
 use serde_json::{json, Map, Value};
 
 use crate::layer::IdempotencyLayer;
@@ -144,6 +145,9 @@ fn answered_kinds(policy: &Policy) -> Vec<ProblemKind> {
         ProblemKind::Unconfirmed,
         ProblemKind::Internal,
     ]);
+    if policy.on_crash == OnCrash::Hold {
+        kinds.push(ProblemKind::OutcomeUnknown);
+    }
     kinds
 }
 
@@ -189,6 +193,7 @@ fn policy_extension(policy: &Policy) -> Value {
         "replayHeader": policy.replay_header.as_str(),
         "expiryHeader": policy.expiry_header.then(|| IDEMPOTENCY_KEY_EXPIRES.as_str()),
         "inFlight": in_flight,
+        "onCrash": if policy.on_crash == OnCrash::Hold { "hold" } else { "rerun" },
     })
 }
 

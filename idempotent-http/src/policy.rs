@@ -7,7 +7,7 @@ use std::time::Duration;
 use http::header::HeaderName;
 use http::{request, Method, StatusCode};
 use idempotent_core::telemetry::logged_error;
-use idempotent_core::{Error, Idempotency, OnConflict};
+use idempotent_core::{Error, Idempotency, OnConflict, OnCrash};
 
 use crate::problem::{Origin, Problem, ProblemKind};
 
@@ -78,6 +78,8 @@ pub(crate) struct Policy {
     /// Stored responses and their replays carry `Idempotency-Key-Expires`.
     pub(crate) expiry_header: bool,
     pub(crate) on_conflict: OnConflict,
+    /// What a request whose server stopped mid-handler leaves: free again, or held unknown.
+    pub(crate) on_crash: OnCrash,
     pub(crate) ttl: Option<Duration>,
     pub(crate) keep: Option<Duration>,
     pub(crate) token_ttl: Duration,

@@ -266,7 +266,8 @@ fn prepare(policy: &Policy, parts: &request::Parts) -> Result<Option<Call>, Prob
         KeyMode::Token => (Call::token(key), "token"),
         KeyMode::Required | KeyMode::Optional => (Call::new(key), "key"),
     };
-    let mut call = call.scope(policy.client_scope(kind, parts)?).on_conflict(policy.on_conflict);
+    let mut call =
+        call.scope(policy.client_scope(kind, parts)?).on_conflict(policy.on_conflict).on_crash(policy.on_crash);
     if let Some(ttl) = policy.ttl {
         call = call.ttl(ttl);
     }

@@ -11,8 +11,8 @@ use syn::{parenthesized, Expr, Ident, LitBool, LitStr, Path, Token};
 use crate::duration::parse_duration;
 
 /// The arguments every attribute may take, for the "unknown argument" message.
-const KNOWN: &str = "key, mode, ttl, keep, on_duplicate, on_conflict, on_cancel, on_error, fingerprint, \
-                     scope, abort_on_lease_lost, store, tx, crate";
+const KNOWN: &str = "key, mode, ttl, keep, on_duplicate, on_conflict, on_cancel, on_error, on_crash, \
+                     fingerprint, scope, abort_on_lease_lost, store, tx, crate";
 
 /// Parameter or token mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,6 +49,9 @@ pub(crate) struct Args {
     pub store_errors: Option<Ident>,
     /// `on_error = give_up_after(N)` (the token that said it, and N).
     pub give_up_after: Option<(Ident, u32)>,
+    /// `on_crash = hold` (the token that said it): a holder that stops without a word leaves
+    /// the key unknown.
+    pub hold_on_crash: Option<Ident>,
     pub store: Option<Expr>,
     /// `tx = <PgStore>`: the body runs in a transaction of that store.
     pub tx: Option<Expr>,
@@ -159,6 +162,14 @@ impl Parse for Args {
                         }
                     }
                 }
+                "on_crash" => {
+                    let policy: Ident = value(input, &name)?;
+                    match policy.to_string().as_str() {
+                        "rerun" => {}
+                        "hold" => args.hold_on_crash = Some(policy),
+                        _ => return Err(syn::Error::new(policy.span(), "expected `rerun` or `hold`")),
+                    }
+                }
                 "store" => args.store = Some(value(input, &name)?),
                 "tx" => args.tx = Some(value(input, &name)?),
                 "crate" => args.krate = Some(value(input, &name)?),
@@ -178,7 +189,7 @@ impl Parse for Args {
     }
 }
 
-/// `(N)` after `give_up_after`: the attempts, 1 to 100.
+/// `(N)` after `give_up_after`: the attempts, 1 to 1000 (the runtime's `MAX_ATTEMPTS`).
 fn give_up_after(input: ParseStream, policy: &Ident) -> syn::Result<u32> {
     if !input.peek(syn::token::Paren) {
         return Err(syn::Error::new(policy.span(), "`give_up_after` needs the attempts: `give_up_after(3)`"));
@@ -187,8 +198,8 @@ fn give_up_after(input: ParseStream, policy: &Ident) -> syn::Result<u32> {
     parenthesized!(inside in input);
     let n: syn::LitInt = inside.parse()?;
     match n.base10_parse::<u32>() {
-        Ok(attempts @ 1..=100) if inside.is_empty() => Ok(attempts),
-        _ => Err(syn::Error::new(n.span(), "expected the attempts: a whole number from 1 to 100")),
+        Ok(attempts @ 1..=1000) if inside.is_empty() => Ok(attempts),
+        _ => Err(syn::Error::new(n.span(), "expected the attempts: a whole number from 1 to 1000")),
     }
 }
 

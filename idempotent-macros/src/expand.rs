@@ -202,6 +202,9 @@ fn rewrite(args: &Args, function: &ItemFn) -> syn::Result<TokenStream> {
     if let Some(abort) = args.abort_on_lease_lost {
         setters.extend(quote!(.abort_on_lease_lost(#abort)));
     }
+    if args.hold_on_crash.is_some() {
+        setters.extend(quote!(.on_crash(#private::OnCrash::Hold)));
+    }
 
     // The call of `run` is spanned on the return type too: the bounds it checks (`T: Serialize`,
     // `E: From<Error>`) are about the return type.
@@ -229,11 +232,9 @@ fn rewrite(args: &Args, function: &ItemFn) -> syn::Result<TokenStream> {
     }
     if let Some((policy, _)) = &args.give_up_after {
         let with = if args.tx.is_some() {
-            Some("`tx`: a body that fails rolls its transaction back, and the count of its failure with it")
+            Some("`tx` in this version: the count is kept with the error's text, which a body in a transaction does not hand over")
         } else if args.finish_on_cancel.is_some() {
-            Some("`on_cancel = finish` in this version: a call that gives up runs in its caller's task, and a dropped call frees its attempt uncounted")
-        } else if matches!(args.mode, Some((crate::args::Mode::Token, _))) {
-            Some("`mode = Token`: a token's record lives as long as the token, which the later attempts' records could not follow")
+            Some("`on_cancel = finish` in this version: the count is kept with the error's text, which a body moved to a task of its own does not hand over")
         } else {
             None
         };

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod dying;
 pub mod handover;
 pub mod postgres;
 pub mod process;
@@ -32,6 +33,15 @@ pub use sentinel::SentinelGroup;
 pub enum AppError {
     Idem(idempotency::Error),
     Failed(&'static str),
+}
+
+impl std::fmt::Display for AppError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AppError::Idem(e) => e.fmt(f),
+            AppError::Failed(why) => f.write_str(why),
+        }
+    }
 }
 
 impl From<idempotency::Error> for AppError {

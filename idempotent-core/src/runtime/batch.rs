@@ -7,6 +7,7 @@
 //! other lease of the runtime, in one command per hash slot), fence, fingerprint and record; a
 //! key that appears twice in one batch is in progress for its second copy.
 
+use std::fmt::Display;
 use std::future::Future;
 use std::sync::Arc;
 use std::task::Poll;
@@ -16,16 +17,21 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::call::Call;
+use crate::call::OnCrash;
 use crate::codec::{self, Encoded};
 use crate::context::CallContext;
 use crate::error::{Error, StoreError};
 use crate::ids;
-use crate::store::{join_all, AcquireOutcome, AcquireRequest, CommitRequest, Store, Transition};
+use crate::store::{
+    error_text, join_all, AcquireOutcome, AcquireRequest, CommitRequest, FailRequest, Store, Transition,
+};
 use crate::telemetry;
 use crate::watchdog::Registration;
 
 use super::commit::PendingCommit;
+use super::giving_up::gives_up;
 use super::pipeline::{replay, Prepared};
+use super::resolving::moment;
 use super::settled::{recorded, Settled};
 use super::state::{check_fingerprint, Held};
 use super::waiting::Abandon;
@@ -114,14 +120,20 @@ impl Idempotency {
                     slots.push(Slot::Settled(recorded(settled, &call)));
                 }
                 Ok(Prepared::Store(go)) => {
-                    slots.push(Slot::Empty);
-                    going.push((index, call, go, ids::owner_id()));
+                    let kept = self.kept(&call, go.token_expires);
+                    match self.taking(&call, &go.key, kept.left(self.inner.token_clock.now())) {
+                        Err(e) => slots.push(Slot::Settled(recorded(Settled::Refused(e), &call))),
+                        Ok(how) => {
+                            slots.push(Slot::Empty);
+                            going.push((index, call, go, ids::owner_id(), how));
+                        }
+                    }
                 }
             }
         }
         let requests: Vec<AcquireRequest<'_>> = going
             .iter()
-            .map(|(_, _, go, owner)| AcquireRequest {
+            .map(|(_, _, go, owner, how)| AcquireRequest {
                 key: &go.key,
                 owner: owner.as_str(),
                 lease: go.lease,
@@ -129,6 +141,8 @@ impl Idempotency {
                 will_wait: false,
                 report_ttl: self.inner.cache.is_some(),
                 fence_now: false,
+                lapse: how.lapse,
+                keep: how.keep,
             })
             .collect();
         let generation = self.inner.cache_generation();
@@ -137,7 +151,7 @@ impl Idempotency {
         // flight has every key it may have taken released, owner-checked, in the background.
         let abandon: Vec<Abandon<'_>> = going
             .iter()
-            .map(|(_, _, go, owner)| Abandon {
+            .map(|(_, _, go, owner, _)| Abandon {
                 store: Some(&self.inner.store),
                 key: &go.key,
                 owner: owner.as_str(),
@@ -148,10 +162,10 @@ impl Idempotency {
         abandon.into_iter().for_each(Abandon::disarm);
         drop(requests);
         let answered = sent.elapsed();
-        for ((index, call, go, owner), found) in going.into_iter().zip(found) {
+        for ((index, call, go, owner, _), found) in going.into_iter().zip(found) {
             let key = go.key;
             let settled = match found {
-                Ok(AcquireOutcome::Acquired { fence }) => {
+                Ok(AcquireOutcome::Acquired { fence, attempt }) => {
                     let margin = crate::watchdog::safety_margin(go.lease);
                     if Instant::now() + margin >= sent + go.lease {
                         // As for one call (`waiting::take`): a reply later than the lease may
@@ -167,8 +181,8 @@ impl Idempotency {
                         })
                     } else {
                         let kept = self.kept(&call, go.token_expires);
-                        let context = CallContext::new(key, owner, fence, 1, self.inner.store.clone()).keeping(kept);
-                        let registration = self.inner.watchdog.register(go.lease, call.renew, sent, context.clone());
+                        let context =
+                            CallContext::new(key, owner, fence, attempt, self.inner.store.clone()).keeping(kept);
                         let held = Held {
                             context,
                             lease: go.lease,
@@ -176,8 +190,14 @@ impl Idempotency {
                             fingerprint: go.fingerprint,
                             token_expires: go.token_expires,
                         };
-                        slots[index] = Slot::Held(Box::new(Holding { call, held, registration }));
-                        continue;
+                        if let Some(limit) = call.give_up_after.filter(|limit| attempt > *limit) {
+                            Settled::Refused(self.give_up_unrun(&call, &held, limit).await)
+                        } else {
+                            let registration =
+                                self.inner.watchdog.register(go.lease, call.renew, sent, held.context.clone());
+                            slots[index] = Slot::Held(Box::new(Holding { call, held, registration }));
+                            continue;
+                        }
                     }
                 }
                 Ok(AcquireOutcome::Completed { fingerprint: theirs, result, kept_for }) => {
@@ -195,6 +215,25 @@ impl Idempotency {
                     match check_fingerprint(&key, theirs.as_deref(), go.fingerprint.as_deref()) {
                         Err(e) => Settled::Refused(e),
                         Ok(()) => Settled::InProgress,
+                    }
+                }
+                Ok(AcquireOutcome::GaveUp { fingerprint: theirs, attempts, last_error }) => {
+                    match check_fingerprint(&key, theirs.as_deref(), go.fingerprint.as_deref()) {
+                        Err(e) => Settled::Refused(e),
+                        Ok(()) => Settled::Refused(Error::GaveUp { key, attempts, last_error }),
+                    }
+                }
+                // A batch does not ask the resolver: the item goes back until the outcome is
+                // resolved (by a single call that asks it, or an operator).
+                Ok(AcquireOutcome::Unknown { fingerprint: theirs, owner: holder, lease_ended_ms, attempt }) => {
+                    match check_fingerprint(&key, theirs.as_deref(), go.fingerprint.as_deref()) {
+                        Err(e) => Settled::Refused(e),
+                        Ok(()) => Settled::Held(Error::OutcomeUnknown {
+                            key,
+                            owner: holder,
+                            lease_ended: moment(lease_ended_ms),
+                            attempt,
+                        }),
                     }
                 }
                 Ok(AcquireOutcome::Corrupt { reason }) => Settled::Refused(Error::Corrupt { key, reason }),
@@ -249,12 +288,13 @@ where
     /// stores the results returned so far, in the background. So does a batch dropped mid-run.
     pub async fn run<E, F, Fut>(mut self, concurrency: usize, mut body: F) -> Vec<Settled<T, E>>
     where
+        E: Display,
         F: FnMut(usize, CallContext) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
         let runnable: Vec<usize> = (0..self.slots.len()).filter(|&i| matches!(self.slots[i], Slot::Held(_))).collect();
         let mut failed: Vec<(usize, E)> = Vec::new();
-        let mut lost: Vec<(usize, Error)> = Vec::new();
+        let mut lost: Vec<Lost> = Vec::new();
         {
             let mut next = 0;
             let mut inflight = Vec::new();
@@ -267,8 +307,7 @@ where
                     let Slot::Held(holding) = &slots[index] else { continue };
                     let context = holding.held.context.clone();
                     if context.is_lease_lost() {
-                        let reason = "the lease was lost before the item's turn came: its body did not run";
-                        lost.push((index, Error::LeaseLost { key: context.key().to_owned(), reason: reason.into() }));
+                        lost.push(Lost::before_its_turn(index, &context));
                         continue;
                     }
                     let abort = holding.call.abort_on_lease_lost;
@@ -286,7 +325,8 @@ where
                             Err(reason) => {
                                 let Slot::Held(h) = &slots[index] else { unreachable!("a running item is held") };
                                 let key = h.held.context.key().to_owned();
-                                lost.push((index, Error::LeaseLost { key, reason: reason.into() }));
+                                let error = Error::LeaseLost { key, reason: reason.into() };
+                                lost.push(Lost { index, error, ran: true });
                             }
                             Ok(Err(e)) => failed.push((index, e)),
                             Ok(Ok(value)) => {
@@ -313,54 +353,82 @@ where
         self.finish(failed, lost).await
     }
 
-    /// Releases the failed items and the lost ones, commits the completed ones, and says what
-    /// became of every item. Each item stays in the batch until the store has answered for it, so
-    /// that a batch dropped meanwhile still releases or stores it.
-    async fn finish<E>(mut self, failed: Vec<(usize, E)>, lost: Vec<(usize, Error)>) -> Vec<Settled<T, E>> {
+    /// Records the failed items and releases the lost ones, commits the completed ones, and says
+    /// what became of every item. Each item stays in the batch until the store has answered for
+    /// it, so that a batch dropped meanwhile still releases or stores it.
+    async fn finish<E: Display>(mut self, failed: Vec<(usize, E)>, lost: Vec<Lost>) -> Vec<Settled<T, E>> {
         let mut settled: Vec<Option<Settled<T, E>>> = (0..self.slots.len()).map(|_| None).collect();
         self.release_unfinished(failed, lost, &mut settled).await;
         self.commit_ran(&mut settled).await;
         self.settle_rest(settled)
     }
 
-    /// Releases the items whose body failed and the ones whose lease was lost, owner-checked, in
-    /// one round trip, and settles them.
-    pub(super) async fn release_unfinished<E>(
+    /// Records the failures of the items whose body failed (each counted, or its key given up),
+    /// and releases the keys of the ones whose lease was lost, owner-checked, one round trip
+    /// each, and settles them. Under `on_crash = hold`, an item whose body was stopped by the loss
+    /// of its lease is left to its lease: whether it had its effect is unknown.
+    pub(super) async fn release_unfinished<E: Display>(
         &mut self,
         failed: Vec<(usize, E)>,
-        lost: Vec<(usize, Error)>,
+        lost: Vec<Lost>,
         settled: &mut [Option<Settled<T, E>>],
     ) {
         let idem = self.idem.clone();
-        let releasing: Vec<usize> = failed.iter().map(|f| f.0).chain(lost.iter().map(|l| l.0)).collect();
-        if !releasing.is_empty() {
+        if !failed.is_empty() {
             // Owned, so that the future holds no borrow of the batch across the round trip (a
             // borrow there makes the future of a caller's generic batch not `Send`).
-            let held = self.keys_held(&releasing);
+            let failures: Vec<Owned> = failed
+                .iter()
+                .map(|(i, e)| {
+                    let holding = self.holding(*i);
+                    let held = &holding.held;
+                    Owned {
+                        key: held.context.key().to_owned(),
+                        owner: held.context.owner().to_owned(),
+                        lease: held.lease,
+                        attempt: held.context.attempt(),
+                        error: error_text(&e.to_string()).to_owned(),
+                        keep: idem.keep_for(&holding.call, held),
+                        give_up: gives_up(&holding.call, &held.context),
+                        fingerprint: held.fingerprint.clone(),
+                    }
+                })
+                .collect();
+            let answers = {
+                let requests: Vec<FailRequest<'_>> = failures.iter().map(Owned::request).collect();
+                idem.inner.store.fail_many(&requests).await
+            };
+            for (failure, answer) in failures.iter().zip(answers) {
+                idem.settle_store_answer("failure", &failure.key, &failure.owner, failure.lease, answer);
+            }
+            for ((index, e), failure) in failed.into_iter().zip(failures) {
+                let holding = self.take_held(index);
+                let item = if failure.give_up {
+                    Settled::GaveUp { error: e, attempts: failure.attempt }
+                } else {
+                    Settled::Failed(e)
+                };
+                settled[index] = Some(recorded(item, &holding.call));
+            }
+        }
+        let (left, releasing): (Vec<Lost>, Vec<Lost>) =
+            lost.into_iter().partition(|l| l.ran && self.holding(l.index).call.on_crash == OnCrash::Hold);
+        for l in &left {
+            tracing::warn!(key = %telemetry::logged_key(self.holding(l.index).held.context.key()), "idempotency batch item stopped without an outcome under on_crash = hold: its key stays held, and is unknown once its lease ends");
+        }
+        if !releasing.is_empty() {
+            let held = self.keys_held(&releasing.iter().map(|l| l.index).collect::<Vec<_>>());
             let released = {
                 let pairs: Vec<(&str, &str)> = held.iter().map(|(k, o, _)| (k.as_str(), o.as_str())).collect();
                 idem.inner.store.release_many(&pairs).await
             };
             for ((key, owner, lease), released) in held.into_iter().zip(released) {
-                match released {
-                    Ok(Transition::Done) => {}
-                    Ok(other) => {
-                        tracing::warn!(key = %telemetry::logged_key(&key), outcome = ?other, "idempotency release found the key not ours")
-                    }
-                    Err(e) => {
-                        tracing::warn!(key = %telemetry::logged_key(&key), error = %e, "idempotency release failed; releasing in the background");
-                        idem.release_in_background(&key, &owner, lease);
-                    }
-                }
+                idem.settle_store_answer("release", &key, &owner, lease, released);
             }
         }
-        for (index, e) in failed {
+        for Lost { index, error, .. } in left.into_iter().chain(releasing) {
             let holding = self.take_held(index);
-            settled[index] = Some(recorded(Settled::Failed(e), &holding.call));
-        }
-        for (index, e) in lost {
-            let holding = self.take_held(index);
-            settled[index] = Some(recorded(Settled::Unavailable(e), &holding.call));
+            settled[index] = Some(recorded(Settled::Unavailable(error), &holding.call));
         }
     }
 
@@ -390,6 +458,7 @@ where
                         keep: idem.keep_for(&r.holding.call, held),
                         result,
                         fingerprint: held.fingerprint.as_deref(),
+                        lease_in_record: held.lease_in_record(&r.holding.call),
                     }
                 })
                 .collect();
@@ -456,9 +525,10 @@ where
                     Settled::Executed { value, stored } => Settled::Executed { value, stored },
                     Settled::Replayed(r) => Settled::Replayed(r),
                     Settled::InProgress => Settled::InProgress,
+                    Settled::Held(e) => Settled::Held(e),
                     Settled::Refused(e) => Settled::Refused(e),
                     Settled::Unavailable(e) => Settled::Unavailable(e),
-                    Settled::Failed(never) => match never {},
+                    Settled::Failed(never) | Settled::GaveUp { error: never, .. } => match never {},
                 });
             }
         }
@@ -509,6 +579,72 @@ async fn driven<T, E>(
     }
 }
 
+/// An item whose lease was lost: before its turn (its body did not run), or while its body ran
+/// (`ran`: it was stopped there, `abort_on_lease_lost`).
+pub(super) struct Lost {
+    pub(super) index: usize,
+    pub(super) error: Error,
+    pub(super) ran: bool,
+}
+
+impl Lost {
+    /// An item whose lease was lost before its turn came.
+    pub(super) fn before_its_turn(index: usize, context: &CallContext) -> Lost {
+        let reason = "the lease was lost before the item's turn came: its body did not run";
+        Lost { index, error: Error::LeaseLost { key: context.key().to_owned(), reason: reason.into() }, ran: false }
+    }
+}
+
+/// A failure to record, owned (see `release_unfinished`).
+struct Owned {
+    key: String,
+    owner: String,
+    lease: std::time::Duration,
+    attempt: u32,
+    error: String,
+    keep: std::time::Duration,
+    give_up: bool,
+    fingerprint: Option<String>,
+}
+
+impl Owned {
+    fn request(&self) -> FailRequest<'_> {
+        FailRequest {
+            key: &self.key,
+            owner: &self.owner,
+            attempt: self.attempt,
+            error: &self.error,
+            keep: self.keep,
+            give_up: self.give_up,
+            fingerprint: self.fingerprint.as_deref(),
+        }
+    }
+}
+
+impl Idempotency {
+    /// What the store answered for a batch item's `what` (a release or a failure): a key found
+    /// not ours is logged; a store error has the key released in the background.
+    fn settle_store_answer(
+        &self,
+        what: &str,
+        key: &str,
+        owner: &str,
+        lease: std::time::Duration,
+        answer: Result<Transition, StoreError>,
+    ) {
+        match answer {
+            Ok(Transition::Done) => {}
+            Ok(other) => {
+                tracing::warn!(key = %telemetry::logged_key(key), what, outcome = ?other, "idempotency batch item's key found not ours")
+            }
+            Err(e) => {
+                tracing::warn!(key = %telemetry::logged_key(key), what, error = %e, "idempotency batch item's key not released; releasing in the background");
+                self.release_in_background(key, owner, lease);
+            }
+        }
+    }
+}
+
 impl<T> Drop for Batch<T> {
     /// A batch dropped before it finished (cancelled, or a body panicked): its keys released and
     /// its results stored, in the background.
@@ -517,6 +653,9 @@ impl<T> Drop for Batch<T> {
         let mut pending = Vec::new();
         for slot in self.slots.drain(..) {
             match slot {
+                Slot::Held(h) if h.call.on_crash == OnCrash::Hold => {
+                    tracing::warn!(key = %telemetry::logged_key(h.held.context.key()), "idempotency batch dropped before this item finished, under on_crash = hold: its key stays held, and is unknown once its lease ends");
+                }
                 Slot::Held(h) => {
                     tracing::warn!(key = %telemetry::logged_key(h.held.context.key()), "idempotency batch dropped before this item finished; releasing its key in the background");
                     store.clone().abandon(h.held.context.key(), h.held.context.owner(), h.held.lease);
@@ -539,6 +678,7 @@ impl<T> Drop for Batch<T> {
                         keep: self.idem.keep_for(&r.holding.call, held),
                         result,
                         fingerprint: held.fingerprint.clone(),
+                        lease_in_record: held.lease_in_record(&r.holding.call),
                     });
                 }
                 Slot::Settled(_) | Slot::Empty => {}

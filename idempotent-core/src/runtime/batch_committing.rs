@@ -15,7 +15,7 @@ use crate::context::CallContext;
 use crate::error::{Error, StoreError, StoreErrorKind};
 use crate::store::{Completed, Transition};
 
-use super::batch::{Batch, Ran, Slot};
+use super::batch::{Batch, Lost, Ran, Slot};
 use super::commit::replayable;
 use super::settled::{recorded, Settled};
 
@@ -45,6 +45,7 @@ where
     /// too: their effects go with the state.
     pub async fn run_committing<X, E, F, Fut, C, CFut>(mut self, state: X, mut body: F, commit: C) -> Vec<Settled<T, E>>
     where
+        E: std::fmt::Display,
         F: FnMut(X, usize, CallContext) -> Fut,
         Fut: Future<Output = (X, Result<T, E>)>,
         C: FnOnce(X, Vec<Completed>) -> CFut,
@@ -54,13 +55,12 @@ where
         let max = self.idem.inner.max_result_bytes;
         let mut state = state;
         let mut failed: Vec<(usize, E)> = Vec::new();
-        let mut lost: Vec<(usize, Error)> = Vec::new();
+        let mut lost: Vec<Lost> = Vec::new();
         for index in 0..self.slots.len() {
             let Slot::Held(holding) = &self.slots[index] else { continue };
             let context = holding.held.context.clone();
             if context.is_lease_lost() {
-                let reason = "the lease was lost before the item's turn came: its body did not run";
-                lost.push((index, Error::LeaseLost { key: context.key().to_owned(), reason: reason.into() }));
+                lost.push(Lost::before_its_turn(index, &context));
                 continue;
             }
             let (handed_on, out) = context.clone().scope(body(state, index, context)).await;
@@ -158,11 +158,7 @@ impl<T> Batch<T> {
 
 /// Why each item that ran was rolled back with the batch, by its index: its own record not the
 /// batch's (`LeaseLost`, `Corrupt`), the commit's error, or another item's lost record.
-fn rolled_back(
-    answer: &Result<Vec<Transition>, StoreError>,
-    completed: &[Completed],
-    ran: &[usize],
-) -> Vec<(usize, Error)> {
+fn rolled_back(answer: &Result<Vec<Transition>, StoreError>, completed: &[Completed], ran: &[usize]) -> Vec<Lost> {
     let why = |n: usize| -> Error {
         let key = completed[n].key.clone();
         match answer {
@@ -182,7 +178,8 @@ fn rolled_back(
             },
         }
     };
-    ran.iter().enumerate().map(|(n, &index)| (index, why(n))).collect()
+    // Their effects were rolled back: nothing of them is unknown, their keys go back.
+    ran.iter().enumerate().map(|(n, &index)| Lost { index, error: why(n), ran: false }).collect()
 }
 
 /// The keys whose record `commit` did not find as this batch's.

@@ -43,6 +43,7 @@ impl Idempotency {
             keep,
             result: result.as_deref(),
             fingerprint: held.fingerprint.as_deref(),
+            lease_in_record: held.lease_in_record(call),
         };
         // The common case, inline and without copying anything.
         let generation = self.inner.cache_generation();
@@ -69,6 +70,7 @@ impl Idempotency {
             keep,
             result,
             fingerprint: held.fingerprint.clone(),
+            lease_in_record: held.lease_in_record(call),
         };
         // A retry's cached copy still ends `keep` after this first send: the record may have
         // been written by it, whatever the retry that confirms it finds.
@@ -152,6 +154,7 @@ impl Drop for Unsettled<'_> {
             keep: r.keep,
             result: r.result.map(<[u8]>::to_vec),
             fingerprint: r.fingerprint.map(str::to_owned),
+            lease_in_record: r.lease_in_record,
         };
         let retries = self.inner.clone().retry_commit(pending, self.lease_end, self.sent, self.generation);
         drop(InBackground(Some(Box::pin(retries))));
@@ -206,6 +209,7 @@ pub(super) struct PendingCommit {
     pub(super) keep: Duration,
     pub(super) result: Option<Vec<u8>>,
     pub(super) fingerprint: Option<String>,
+    pub(super) lease_in_record: bool,
 }
 
 impl PendingCommit {
@@ -218,6 +222,7 @@ impl PendingCommit {
             keep: self.keep,
             result: self.result.as_deref(),
             fingerprint: self.fingerprint.as_deref(),
+            lease_in_record: self.lease_in_record,
         }
     }
 }

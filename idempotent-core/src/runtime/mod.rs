@@ -9,7 +9,9 @@
 //! - `waiting`: taking the key, and waiting for it; `turns`: the callers of the process that
 //!   wait for one lock, in line;
 //! - `commit`: storing the result; `replay`: the replay cache filled and kept in step with
-//!   purges;
+//!   purges; `releasing`: what a call that does not complete leaves (a release, a failure
+//!   counted, a key held); `resolving`: unknown outcomes resolved; `kept_errors` and
+//!   `giving_up`: the `on_error` policies;
 //! - `operations`: the operator's API (inspect, forget, scan);
 //! - `batch`: many calls' keys claimed, run and committed together (`claim`), and `settled`,
 //!   what became of each item and what a queue consumer does with it.
@@ -24,7 +26,9 @@ mod giving_up;
 mod kept_errors;
 mod operations;
 mod pipeline;
+mod releasing;
 mod replay;
+mod resolving;
 mod settled;
 mod state;
 mod tokens;
@@ -47,9 +51,9 @@ use crate::watchdog::{Registration, Watchdog};
 pub use crate::store::Completed;
 pub use batch::Batch;
 pub use builder::{IdempotencyBuilder, RUNTIME_ENV_VARS};
-pub use giving_up::MAX_ATTEMPTS;
 pub use operations::{Force, ScanFilter};
 pub use pipeline::Outcome;
+pub use resolving::{Resolve, Unresolved, DEFAULT_RESOLVER_TIMEOUT};
 pub use settled::{Ack, AckPlan, Settled};
 pub(crate) use state::Track;
 use tokens::TokenClock;
@@ -119,6 +123,9 @@ struct Inner {
     pub(super) token_skew: Duration,
     /// The time tokens are issued and checked by.
     pub(super) token_clock: TokenClock,
+    /// Asked about unknown outcomes (`on_crash = hold`).
+    pub(super) resolver: Option<resolving::Resolver>,
+    pub(super) resolver_timeout: Duration,
 }
 
 impl Idempotency {
@@ -154,6 +161,8 @@ impl Idempotency {
                 turns: Default::default(),
                 token_skew: DEFAULT_TOKEN_SKEW,
                 token_clock: TokenClock::new(),
+                resolver: None,
+                resolver_timeout: DEFAULT_RESOLVER_TIMEOUT,
             },
         }
     }
@@ -271,6 +280,7 @@ mod tests {
                     keep: c.keep,
                     result: c.result.as_deref(),
                     fingerprint: c.fingerprint.as_deref(),
+                    lease_in_record: false,
                 };
                 store.commit(request).await
             }

@@ -4,7 +4,6 @@
 
 use std::future::Future;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
-use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
@@ -12,17 +11,18 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::call::{Call, Mode, OnDuplicate};
+use crate::call::{Call, Mode, OnCrash, OnDuplicate};
 use crate::codec::{self, Encoded};
 use crate::context::CallContext;
 use crate::error::{Error, StoreError, StoreErrorKind};
 use crate::ids;
-use crate::store::{Store, Transition};
+use crate::store::Transition;
 use crate::telemetry::{self, CallOutcome};
 
 use super::commit::{CommitWith, NoCommit};
+use super::releasing::{ReleaseOnDrop, PANICKED};
 use super::state::{check_fingerprint, Held, Track};
-use super::waiting::{Taken, Taking};
+use super::waiting::Taken;
 use super::Idempotency;
 use crate::store::Completed;
 
@@ -132,7 +132,7 @@ impl Idempotency {
             let fut = body();
             async move { fut.await.map(|value| (value, ())) }
         };
-        self.run_inner(call, body, CommitWith::<NoCommit>::Store).await
+        self.run_inner(call, body, CommitWith::<NoCommit>::Store, named::<E>).await
     }
 
     /// Runs `body` like [`run`](Self::run), for a store that writes the completed record
@@ -155,7 +155,7 @@ impl Idempotency {
         C: FnOnce(X, Completed) -> CFut,
         CFut: Future<Output = Result<Transition, StoreError>>,
     {
-        self.run_inner(call, body, CommitWith::Custom(commit)).await.map(|(value, _)| value)
+        self.run_inner(call, body, CommitWith::Custom(commit), named::<E>).await.map(|(value, _)| value)
     }
 
     /// Every run: the call's span around it, its outcome recorded in the span and the metrics.
@@ -169,6 +169,7 @@ impl Idempotency {
         mut call: Call,
         body: F,
         commit: CommitWith<C>,
+        describe: fn(&E) -> String,
     ) -> Result<(T, Outcome), E>
     where
         T: Serialize + DeserializeOwned,
@@ -192,7 +193,7 @@ impl Idempotency {
             Ok(Prepared::Store(go)) => {
                 let span = call_span!(tracing::Level::INFO, call);
                 shown_key(&span, &go.key, &mut track);
-                let guarded = self.guarded(&call, go, body, commit, &mut track);
+                let guarded = self.guarded(&call, go, body, commit, describe, &mut track);
                 let result = tracing::Instrument::instrument(guarded, span.clone()).await;
                 (span, result)
             }
@@ -270,6 +271,7 @@ impl Idempotency {
         go: Go,
         body: F,
         commit: CommitWith<C>,
+        describe: fn(&E) -> String,
         track: &mut Track,
     ) -> Result<T, Fail<E>>
     where
@@ -281,22 +283,18 @@ impl Idempotency {
     {
         let Go { key, fingerprint, lease, token_expires } = go;
         let owner = ids::owner_id();
-        let how = Taking { on_conflict: call.on_conflict, fence_now: false };
+        let kept = self.kept(call, token_expires);
+        let how = self.taking(call, &key, kept.left(self.inner.token_clock.now()))?;
         match self.take(&key, owner, lease, fingerprint.as_deref(), how, track).await? {
-            Taken::Held { fence, sent } => {
+            Taken::Held { fence, sent, attempt } => {
                 track.outcome =
                     if track.waited.is_zero() { CallOutcome::Executed } else { CallOutcome::WaitedThenExecuted };
-                let kept = self.kept(call, token_expires);
-                let context = CallContext::new(
-                    key,
-                    owner,
-                    fence,
-                    call.earlier_attempts + track.attempts,
-                    self.inner.store.clone(),
-                )
-                .keeping(kept);
+                let context = CallContext::new(key, owner, fence, attempt, self.inner.store.clone()).keeping(kept);
                 let held = Held { context, lease, sent, fingerprint, token_expires };
-                self.execute(call, held, body, commit, track).await
+                if let Some(limit) = call.give_up_after.filter(|limit| attempt > *limit) {
+                    return Err(self.give_up_unrun(call, &held, limit).await.into());
+                }
+                self.execute(call, held, body, commit, describe, track).await
             }
             Taken::Completed { fingerprint: theirs, result, kept_until, generation } => {
                 if let Some(bytes) = &result {
@@ -316,6 +314,7 @@ impl Idempotency {
         held: Held,
         body: F,
         commit: CommitWith<C>,
+        describe: fn(&E) -> String,
         track: &mut Track,
     ) -> Result<T, Fail<E>>
     where
@@ -326,12 +325,13 @@ impl Idempotency {
         CFut: Future<Output = Result<Transition, StoreError>>,
     {
         let context = &held.context;
-        let mut guard = ReleaseOnDrop { store: Some(&self.inner.store), context, lease: held.lease };
+        let hold = call.on_crash == OnCrash::Hold;
+        let mut guard = ReleaseOnDrop { store: Some(&self.inner.store), context, lease: held.lease, hold };
         let body_started = Instant::now();
         let fut = match catch_unwind(AssertUnwindSafe(body)) {
             Ok(fut) => fut,
             Err(panic) => {
-                guard.release().await;
+                guard.panicked(self.failure(call, &held, PANICKED)).await;
                 panicked(call);
                 resume_unwind(panic);
             }
@@ -369,13 +369,14 @@ impl Idempotency {
                 Err(Error::LeaseLost { key: context.key().to_owned(), reason: reason.to_owned() }.into())
             }
             Driven::Finished(Err(panic)) => {
-                guard.release().await;
+                guard.panicked(self.failure(call, &held, PANICKED)).await;
                 panicked(call);
                 resume_unwind(panic)
             }
             Driven::Finished(Ok(Err(e))) => {
-                tracing::debug!("idempotency body failed: releasing the key");
-                guard.release().await;
+                tracing::debug!("idempotency body failed: recording the failure, releasing the key");
+                let text = describe(&e);
+                guard.fail(self.failure(call, &held, &text)).await;
                 Err(Fail::Body(e))
             }
             Driven::Finished(Ok(Ok((value, handle)))) => {
@@ -549,56 +550,10 @@ pub(super) enum Driven<T> {
     Lost(&'static str),
 }
 
-/// Releases the key unless disarmed (`store` taken); if dropped armed, which is a cancelled
-/// call, or if the release fails, the store releases it in the background
-/// ([`Store::abandon`]).
-pub(super) struct ReleaseOnDrop<'a> {
-    pub(super) store: Option<&'a Arc<dyn Store>>,
-    pub(super) context: &'a CallContext,
-    pub(super) lease: Duration,
-}
-
-impl ReleaseOnDrop<'_> {
-    /// Has the store release the key in the background, without a word: the caller knows why.
-    pub(super) fn abandon(mut self) {
-        if let Some(store) = self.store.take() {
-            store.clone().abandon(self.context.key(), self.context.owner(), self.lease);
-        }
-    }
-
-    pub(super) async fn release(&mut self) {
-        if let Some(store) = self.store.take() {
-            let key = self.context.key();
-            match store.release(key, self.context.owner()).await {
-                Ok(Transition::Done) => tracing::debug!("idempotency key released"),
-                Ok(other) => tracing::warn!(
-                    key = %telemetry::logged_key(key),
-                    outcome = ?other,
-                    "idempotency release found the key not ours"
-                ),
-                Err(e) => {
-                    tracing::warn!(
-                        key = %telemetry::logged_key(key),
-                        error = %e,
-                        "idempotency release failed; releasing in the background"
-                    );
-                    store.clone().abandon(key, self.context.owner(), self.lease);
-                }
-            }
-        }
-    }
-}
-
-impl Drop for ReleaseOnDrop<'_> {
-    fn drop(&mut self) {
-        if let Some(store) = self.store.take() {
-            tracing::warn!(
-                key = %telemetry::logged_key(self.context.key()),
-                "idempotency call dropped while its body ran; releasing the key in the background"
-            );
-            store.clone().abandon(self.context.key(), self.context.owner(), self.lease);
-        }
-    }
+/// A failure's text where the error type has no `Display` the runtime can ask for: its type's
+/// name.
+pub(super) fn named<E>(_: &E) -> String {
+    format!("the body returned an error of type {}", std::any::type_name::<E>())
 }
 
 /// What a call on a completed key returns.

@@ -11,10 +11,11 @@ pub enum Ack {
     /// Done, now or before: acknowledge it.
     Ack,
     /// Not done, and may be done later (its body failed and its key was released, another
-    /// process holds its key, the store failed): hand it back to be delivered again.
+    /// process holds its key, its outcome is unknown until resolved, the store failed): hand it
+    /// back to be delivered again.
     Requeue,
     /// Never to be done as it is (its key was used for another payload, or is not a valid key or
-    /// token): move it aside.
+    /// token, or gave up after its failed attempts): move it aside.
     DeadLetter,
 }
 
@@ -34,12 +35,26 @@ pub enum Settled<T, E> {
     /// (`Error::Duplicate` for a result kept as not replayable or under `on_duplicate =
     /// reject`, `Error::Codec`). The body did not run.
     Replayed(Result<T, Error>),
-    /// The body returned `Err`: the key was released, a redelivery runs it again.
+    /// The body returned `Err`: the failure was recorded and the key freed, a redelivery runs
+    /// it again as the next attempt.
     Failed(E),
+    /// The body returned `Err` as the last attempt its call allows (`Call::give_up_after`): the
+    /// key gave up, and every redelivery gets `Error::GaveUp` without running it.
+    GaveUp {
+        /// The body's error.
+        error: E,
+        /// How many attempts failed.
+        attempts: u32,
+    },
     /// Another holder has the key (another consumer, or an earlier copy in this batch).
     InProgress,
+    /// The key's outcome is unknown (`Error::OutcomeUnknown`, `on_crash = hold`): its holder
+    /// stopped without a word. Hand the delivery back: once the outcome is resolved, a
+    /// redelivery replays it or runs it. (A batch does not ask the runtime's resolver.)
+    Held(Error),
     /// The item can never run as it is: `Error::KeyReused`, `Error::InvalidKey`,
-    /// `Error::InvalidCall`, `Error::InvalidToken`, `Error::Corrupt`.
+    /// `Error::InvalidCall`, `Error::InvalidToken`, `Error::Corrupt`, `Error::GaveUp` (its key
+    /// gave up before).
     Refused(Error),
     /// The store failed, or the item's lease was lost before its body started, or its record
     /// was not confirmed by enough replicas: nothing ran that was not released or kept; try
@@ -52,8 +67,8 @@ impl<T, E> Settled<T, E> {
     pub fn ack(&self) -> Ack {
         match self {
             Settled::Executed { .. } | Settled::Replayed(_) => Ack::Ack,
-            Settled::Failed(_) | Settled::InProgress | Settled::Unavailable(_) => Ack::Requeue,
-            Settled::Refused(_) => Ack::DeadLetter,
+            Settled::Failed(_) | Settled::InProgress | Settled::Held(_) | Settled::Unavailable(_) => Ack::Requeue,
+            Settled::Refused(_) | Settled::GaveUp { .. } => Ack::DeadLetter,
         }
     }
 
@@ -62,8 +77,11 @@ impl<T, E> Settled<T, E> {
         match self {
             Settled::Executed { .. } => CallOutcome::Executed,
             Settled::Replayed(Ok(_)) => CallOutcome::Replayed,
-            Settled::Replayed(Err(e)) | Settled::Refused(e) | Settled::Unavailable(e) => CallOutcome::of_error(e),
+            Settled::Replayed(Err(e)) | Settled::Refused(e) | Settled::Unavailable(e) | Settled::Held(e) => {
+                CallOutcome::of_error(e)
+            }
             Settled::Failed(_) => CallOutcome::BodyError,
+            Settled::GaveUp { .. } => CallOutcome::GaveUp,
             Settled::InProgress => CallOutcome::Conflict,
         }
     }

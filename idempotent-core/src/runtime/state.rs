@@ -68,6 +68,13 @@ pub(super) struct Held {
     pub(super) token_expires: Option<std::time::SystemTime>,
 }
 
+impl Held {
+    /// Whether the acquire wrote a record that keeps its lease's end (`CommitRequest::lease_in_record`).
+    pub(super) fn lease_in_record(&self, call: &crate::call::Call) -> bool {
+        call.lapse() != crate::store::Lapse::Free || self.context.attempt() > 1
+    }
+}
+
 /// A stored fingerprint differing from the call's: the key was reused for another payload.
 pub(super) fn check_fingerprint(key: &str, theirs: Option<&str>, ours: Option<&str>) -> Result<(), Error> {
     match (theirs, ours) {

@@ -7,12 +7,13 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::call::OnConflict;
+use crate::call::{Call, OnConflict};
 use crate::error::Error;
 use crate::ids;
-use crate::store::{AcquireOutcome, AcquireRequest, Store, Watcher};
+use crate::store::{AcquireOutcome, AcquireRequest, Lapse, Store, Watcher};
 use crate::telemetry::{self};
 
+use super::resolving::{moment, Unresolved};
 use super::state::{check_fingerprint, Track};
 use super::{Idempotency, Inner};
 
@@ -34,6 +35,8 @@ impl Idempotency {
         let mut started: Option<Instant> = None;
         let mut watcher: Option<Watcher> = None;
         let mut _waiting: Option<WaitSlot<'_>> = None;
+        // The resolver is asked once per call.
+        let mut resolver_asked = false;
         loop {
             let generation = self.inner.cache_generation();
             let sent = Instant::now();
@@ -47,6 +50,8 @@ impl Idempotency {
                 // The wait needs the holder's lease; the cache, how long a result is kept.
                 report_ttl: watcher.is_some() || self.inner.cache.is_some(),
                 fence_now: how.fence_now,
+                lapse: how.lapse,
+                keep: how.keep,
             };
             // Armed before the acquire is sent: if this call is dropped while the acquire is in
             // flight, or the acquire fails (it may still land later), the store releases the key
@@ -79,7 +84,7 @@ impl Idempotency {
                 track.waited = Instant::now() - started;
             }
             match found {
-                AcquireOutcome::Acquired { fence } => {
+                AcquireOutcome::Acquired { fence, attempt } => {
                     // A reply that came after the lease may have run out (a slow link, a stalled
                     // process): another caller may hold the key by now. The body must not start;
                     // the key goes back, owner-checked, in case it is still this owner's.
@@ -100,7 +105,7 @@ impl Idempotency {
                             ),
                         });
                     }
-                    return Ok(Taken::Held { fence, sent });
+                    return Ok(Taken::Held { fence, sent, attempt });
                 }
                 AcquireOutcome::Completed { fingerprint: theirs, result, kept_for } => {
                     check_fingerprint(key, theirs.as_deref(), fingerprint)?;
@@ -111,6 +116,28 @@ impl Idempotency {
                         kept_until: sent + kept_for,
                         generation,
                     });
+                }
+                AcquireOutcome::GaveUp { fingerprint: theirs, attempts, last_error } => {
+                    check_fingerprint(key, theirs.as_deref(), fingerprint)?;
+                    return Err(Error::GaveUp { key: key.to_owned(), attempts, last_error });
+                }
+                AcquireOutcome::Unknown { fingerprint: theirs, owner: holder, lease_ended_ms, attempt } => {
+                    check_fingerprint(key, theirs.as_deref(), fingerprint)?;
+                    let lease_ended = moment(lease_ended_ms);
+                    if !resolver_asked && self.inner.resolver.is_some() {
+                        resolver_asked = true;
+                        let unresolved = Unresolved {
+                            key: key.to_owned(),
+                            owner: holder.clone(),
+                            lease_ended,
+                            attempt,
+                            fingerprint: theirs,
+                        };
+                        if self.ask_resolver(unresolved).await {
+                            continue;
+                        }
+                    }
+                    return Err(Error::OutcomeUnknown { key: key.to_owned(), owner: holder, lease_ended, attempt });
                 }
                 AcquireOutcome::Corrupt { reason } => {
                     tracing::warn!(key = %telemetry::logged_key(key), reason = %reason, "idempotency key holds something that is not a record");
@@ -197,9 +224,9 @@ impl Drop for WaitSlot<'_> {
 
 /// What [`Idempotency::take`] found.
 pub(crate) enum Taken {
-    /// The key is held: the acquisition's fence (`0`: left unread, see `Store::fence`), and when
-    /// its acquire was sent.
-    Held { fence: u64, sent: Instant },
+    /// The key is held: the acquisition's fence (`0`: left unread, see `Store::fence`), when
+    /// its acquire was sent, and which attempt of the key it is.
+    Held { fence: u64, sent: Instant, attempt: u32 },
     /// The key completed: what it keeps, until when it may be cached, and the replay cache's
     /// purge generation when the read was sent.
     Completed { fingerprint: Option<String>, result: Option<Vec<u8>>, kept_until: Instant, generation: u64 },
@@ -240,4 +267,32 @@ impl Drop for Abandon<'_> {
 pub(crate) struct Taking {
     pub on_conflict: OnConflict,
     pub fence_now: bool,
+    /// What the key becomes if the lease runs out.
+    pub lapse: Lapse,
+    /// How long a record that keeps its lease's end outlives it.
+    pub keep: Duration,
+}
+
+impl Idempotency {
+    /// How `call` takes `key`: its conflict policy, and what its lease's end means, refused
+    /// where the store cannot keep it or `keep` (how long its record is kept) leaves nothing
+    /// to hold.
+    pub(super) fn taking(&self, call: &Call, key: &str, keep: Duration) -> Result<Taking, Error> {
+        let lapse = call.lapse();
+        if lapse != Lapse::Free {
+            let what = if lapse == Lapse::Hold { "on_crash = hold" } else { "give_up_after" };
+            let invalid = |reason: String| Error::InvalidCall { key: key.to_owned(), reason };
+            if !self.inner.store.keeps_attempts() {
+                return Err(invalid(format!(
+                    "{what} needs a store that keeps attempts (MemoryStore, RedisStore, PgStore): this one does not"
+                )));
+            }
+            if keep.is_zero() {
+                return Err(invalid(format!(
+                    "{what} keeps the key's record for `keep` after its lease: a keep of zero keeps nothing"
+                )));
+            }
+        }
+        Ok(Taking { on_conflict: call.on_conflict, fence_now: false, lapse, keep })
+    }
 }

@@ -12,8 +12,9 @@ use tokio::time::Instant;
 use super::channels::Channels;
 use super::expiry::Expiries;
 use super::{
-    AcquireOutcome, AcquireRequest, CommitRequest, Forgotten, Inspected, Lease, PurgeEvent, PurgeHandler, RecordState,
-    RecordView, ScanPage, Store, StoreFuture, Transition, Watcher,
+    error_text, AcquireOutcome, AcquireRequest, CommitRequest, FailRequest, Forgotten, Inspected, Lapse, Lease,
+    PurgeEvent, PurgeHandler, RecordState, RecordView, Resolution, Resolved, ScanPage, Store, StoreFuture, Transition,
+    Watcher, LAPSED, RESOLVED_RELEASED,
 };
 use crate::error::StoreError;
 
@@ -81,21 +82,124 @@ struct Entry {
 enum Phase {
     InProgress,
     Completed,
+    /// A failed attempt's record: the next acquire takes it as the next attempt.
+    Released,
+    /// Given up: every acquire reports it.
+    Failed,
 }
 
 struct Record {
     phase: Phase,
+    /// In progress: the holder. Completed, released, failed: the attempt that wrote it (a
+    /// repeated command by it is `Done`).
     owner: Option<Short>,
     fingerprint: Option<Box<str>>,
     fence: u64,
     /// Completed: the result, `None` when not replayable.
     result: Option<Box<[u8]>>,
-    /// Completed: when the result was stored (unix ms), for operators.
+    /// Completed, released, failed: when it was written (unix ms), for operators.
     stored_ms: u64,
-    /// When the record disappears: the lease's end while in progress, `keep` after the commit.
+    /// When the record disappears: the lease's end while in progress (unless the record keeps
+    /// it in `lease_end`), `keep` after the commit.
     expires_at: Instant,
     /// A caller waits for this key to change.
     watched: bool,
+    /// In progress: which attempt. Released, failed: how many failed.
+    attempt: u32,
+    /// In progress, when the record keeps its lease's end (and outlives it by `after`).
+    lease_end: Option<Instant>,
+    /// In progress: held as unknown when its lease ends (`Lapse::Hold`).
+    hold: bool,
+    /// How long a record that keeps its lease's end outlives it: the call's `keep`.
+    after: Duration,
+    /// Released, failed: the last failure's text.
+    error: Option<Box<str>>,
+}
+
+impl Record {
+    /// An in-progress record for `req`'s owner as its `attempt`.
+    fn pending(req: &AcquireRequest<'_>, fence: u64, attempt: u32, now: Instant) -> Record {
+        let keeps_lease = req.lapse != Lapse::Free || attempt > 1;
+        let lease_end = after(now, req.lease);
+        Record {
+            phase: Phase::InProgress,
+            owner: Some(Short::new(req.owner)),
+            fingerprint: req.fingerprint.map(Box::from),
+            fence,
+            result: None,
+            stored_ms: 0,
+            expires_at: if keeps_lease { after(lease_end, req.keep) } else { lease_end },
+            watched: false,
+            attempt,
+            lease_end: keeps_lease.then_some(lease_end),
+            hold: req.lapse == Lapse::Hold,
+            after: req.keep,
+            error: None,
+        }
+    }
+
+    /// A record of failed attempts (released) or of a key given up (failed), by `owner`.
+    fn failure(
+        phase: Phase,
+        owner: &str,
+        attempts: u32,
+        error: &str,
+        fingerprint: Option<&str>,
+        until: Instant,
+    ) -> Record {
+        Record {
+            phase,
+            owner: Some(Short::new(owner)),
+            fingerprint: fingerprint.map(Box::from),
+            fence: 0,
+            result: None,
+            stored_ms: unix_ms(),
+            expires_at: until,
+            watched: false,
+            attempt: attempts,
+            lease_end: None,
+            hold: false,
+            after: Duration::ZERO,
+            error: (!error.is_empty()).then(|| Box::from(error)),
+        }
+    }
+
+    /// A completed record (no owner: a repeated commit knows itself by its fence), kept until
+    /// `until`.
+    fn completed(fingerprint: Option<Box<str>>, fence: u64, result: Option<&[u8]>, until: Instant) -> Record {
+        Record {
+            phase: Phase::Completed,
+            owner: None,
+            fingerprint,
+            fence,
+            result: result.map(Box::from),
+            stored_ms: unix_ms(),
+            expires_at: until,
+            watched: false,
+            attempt: 0,
+            lease_end: None,
+            hold: false,
+            after: Duration::ZERO,
+            error: None,
+        }
+    }
+
+    /// In progress, its lease's end kept and passed at `now`.
+    fn lapsed(&self, now: Instant) -> bool {
+        self.phase == Phase::InProgress && self.lease_end.is_some_and(|end| end <= now)
+    }
+
+    /// What the record is at `now`, as operators see it.
+    fn state(&self, now: Instant) -> RecordState {
+        match self.phase {
+            Phase::InProgress if self.lapsed(now) && self.hold => RecordState::Unknown,
+            Phase::InProgress if self.lapsed(now) => RecordState::Released,
+            Phase::InProgress => RecordState::InProgress,
+            Phase::Completed => RecordState::Completed,
+            Phase::Released => RecordState::Released,
+            Phase::Failed => RecordState::Failed,
+        }
+    }
 }
 
 /// A key or an owner id, inline up to 22 bytes (the runtime's owner ids have 22, and many keys
@@ -133,29 +237,43 @@ impl Short {
     }
 }
 
-fn state_of(record: &Record) -> RecordState {
-    match record.phase {
-        Phase::InProgress => RecordState::InProgress,
-        Phase::Completed => RecordState::Completed,
-    }
-}
-
 /// A record as operators see it.
 fn view(key: &str, record: &Record, now: Instant) -> RecordView {
-    let state = state_of(record);
-    let owner = record.owner.as_ref().map(|o| o.as_str().to_owned());
+    let state = record.state(now);
+    let holding = matches!(state, RecordState::InProgress | RecordState::Unknown);
+    let owner = holding.then(|| record.owner.as_ref().map(|o| o.as_str().to_owned())).flatten();
+    let counted = record.phase != Phase::InProgress || record.lease_end.is_some();
     RecordView {
         key: key.to_owned(),
         state,
-        fence: Some(record.fence),
+        fence: Some(record.fence).filter(|f| *f != 0),
         started_ms: owner.as_deref().and_then(crate::ids::started_ms),
         owner,
-        stored_ms: (state == RecordState::Completed).then_some(record.stored_ms),
+        attempts: counted.then_some(record.attempt).filter(|a| *a > 0),
+        last_error: if record.lapsed(now) && !record.hold {
+            Some(LAPSED.to_owned())
+        } else {
+            record.error.as_deref().map(str::to_owned)
+        },
+        lease_end_ms: record.lease_end.map(|end| unix_ms_at(end, now)),
+        holds: record.hold,
+        stored_ms: matches!(record.phase, Phase::Completed | Phase::Released | Phase::Failed)
+            .then_some(record.stored_ms),
         ttl: Some(record.expires_at.saturating_duration_since(now)),
         fingerprint: record.fingerprint.as_deref().map(str::to_owned),
         watched: record.watched,
         replayable: record.result.is_some(),
         result: record.result.as_deref().map(<[u8]>::to_vec),
+    }
+}
+
+/// `at` as unix ms, by this machine's clock read at `now`.
+fn unix_ms_at(at: Instant, now: Instant) -> u64 {
+    let ms = unix_ms();
+    if at >= now {
+        ms.saturating_add(at.duration_since(now).as_millis() as u64)
+    } else {
+        ms.saturating_sub(now.duration_since(at).as_millis() as u64)
     }
 }
 
@@ -213,41 +331,55 @@ impl MemoryStore {
         let fence = st.last_fence + 1;
         let Some(entry) = st.records.live(hash, req.key, now) else {
             st.last_fence = fence;
-            st.records.insert(
-                hash,
-                req.key,
-                Record {
-                    phase: Phase::InProgress,
-                    owner: Some(Short::new(req.owner)),
-                    fingerprint: req.fingerprint.map(Box::from),
-                    fence,
-                    result: None,
-                    stored_ms: 0,
-                    expires_at: after(now, req.lease),
-                    watched: false,
-                },
-            );
+            st.records.insert(hash, req.key, Record::pending(&req, fence, 1, now));
             // In-progress records are not queued (their holder commits or releases them), so an
             // acquire only bounds the table.
             st.sweep_if_doubled(now);
-            return AcquireOutcome::Acquired { fence };
+            return AcquireOutcome::Acquired { fence, attempt: 1 };
         };
         let rec = &mut entry.record;
-        match rec.phase {
-            Phase::InProgress if held_by(rec, req.owner) => AcquireOutcome::Acquired { fence: rec.fence },
-            Phase::Completed => AcquireOutcome::Completed {
-                fingerprint: rec.fingerprint.as_deref().map(str::to_owned),
-                result: rec.result.as_deref().map(<[u8]>::to_vec),
-                kept_for: rec.expires_at.saturating_duration_since(now),
-            },
-            Phase::InProgress => {
-                rec.watched |= req.will_wait;
-                AcquireOutcome::InProgress {
+        let taken_after = match rec.phase {
+            Phase::InProgress if held_by(rec, req.owner) => {
+                return AcquireOutcome::Acquired { fence: rec.fence, attempt: rec.attempt };
+            }
+            Phase::InProgress if rec.lapsed(now) && rec.hold => {
+                return AcquireOutcome::Unknown {
                     fingerprint: rec.fingerprint.as_deref().map(str::to_owned),
-                    lease_left: rec.expires_at.saturating_duration_since(now),
+                    owner: rec.owner.as_ref().map(|o| o.as_str().to_owned()).unwrap_or_default(),
+                    lease_ended_ms: rec.lease_end.map_or(0, |end| unix_ms_at(end, now)),
+                    attempt: rec.attempt,
+                };
+            }
+            // A lapsed attempt counts; a released record's attempts are counted already.
+            Phase::InProgress if rec.lapsed(now) => rec.attempt,
+            Phase::Released => rec.attempt,
+            Phase::Completed => {
+                return AcquireOutcome::Completed {
+                    fingerprint: rec.fingerprint.as_deref().map(str::to_owned),
+                    result: rec.result.as_deref().map(<[u8]>::to_vec),
+                    kept_for: rec.expires_at.saturating_duration_since(now),
                 }
             }
-        }
+            Phase::Failed => {
+                return AcquireOutcome::GaveUp {
+                    fingerprint: rec.fingerprint.as_deref().map(str::to_owned),
+                    attempts: rec.attempt,
+                    last_error: rec.error.as_deref().unwrap_or_default().to_owned(),
+                }
+            }
+            Phase::InProgress => {
+                rec.watched |= req.will_wait;
+                return AcquireOutcome::InProgress {
+                    fingerprint: rec.fingerprint.as_deref().map(str::to_owned),
+                    lease_left: rec.lease_end.unwrap_or(rec.expires_at).saturating_duration_since(now),
+                };
+            }
+        };
+        let attempt = taken_after.saturating_add(1);
+        let watched = rec.watched;
+        *rec = Record { watched, ..Record::pending(&req, fence, attempt, now) };
+        st.last_fence = fence;
+        AcquireOutcome::Acquired { fence, attempt }
     }
 
     fn renew_now(&self, leases: &[Lease<'_>]) -> Vec<bool> {
@@ -258,8 +390,15 @@ impl MemoryStore {
             .map(|l| {
                 let hash = st.records.hash(l.key);
                 match st.records.live(hash, l.key, now).map(|e| &mut e.record) {
-                    Some(rec) if held_by(rec, l.owner) => {
-                        rec.expires_at = after(now, l.lease);
+                    Some(rec) if held_by(rec, l.owner) && !rec.lapsed(now) => {
+                        let lease_end = after(now, l.lease);
+                        match &mut rec.lease_end {
+                            Some(end) => {
+                                *end = lease_end;
+                                rec.expires_at = after(lease_end, rec.after);
+                            }
+                            None => rec.expires_at = lease_end,
+                        }
                         true
                     }
                     _ => false,
@@ -268,75 +407,120 @@ impl MemoryStore {
             .collect()
     }
 
-    fn commit_now(&self, req: CommitRequest<'_>) -> Transition {
+    /// A transition of `key`: `change` reads and writes its record under the lock (given the
+    /// state, the key's hash and now) and says what it answers and whether it wrote; a write is
+    /// followed by the amortized expiry sweep and, when the record was watched, wakes the key's
+    /// waiters.
+    fn transition<T>(&self, key: &str, change: impl FnOnce(&mut State, u64, Instant) -> Wrote<T>) -> T {
         let now = Instant::now();
-        let watched = {
+        let (answer, notify) = {
             let mut st = self.lock();
-            let st = &mut *st;
-            let hash = st.records.hash(req.key);
-            let completed = || Record {
-                phase: Phase::Completed,
-                owner: None,
-                fingerprint: req.fingerprint.map(Box::from),
-                fence: req.fence,
-                result: req.result.map(Box::from),
-                stored_ms: unix_ms(),
-                expires_at: after(now, req.keep),
-                watched: false,
-            };
-            let watched = match st.records.live(hash, req.key, now) {
-                None => {
-                    if !req.keep.is_zero() {
-                        st.records.insert(hash, req.key, completed());
-                        st.expiries.after(hash, req.keep, after(now, req.keep));
-                    }
-                    false
+            let hash = st.records.hash(key);
+            match change(&mut st, hash, now) {
+                Wrote::Nothing(answer) => (answer, false),
+                Wrote::Record { answer, watched } => {
+                    st.tick(now);
+                    (answer, watched)
                 }
-                // Completed by this acquisition (same fence): a repeated commit.
-                Some(entry) if entry.record.phase == Phase::Completed => {
-                    return if entry.record.fence == req.fence { Transition::Done } else { Transition::Lost };
-                }
-                Some(entry) if !held_by(&entry.record, req.owner) => return Transition::Lost,
-                Some(entry) => {
-                    let watched = entry.record.watched;
-                    if req.keep.is_zero() {
-                        st.records.remove(hash, req.key);
-                    } else {
-                        // Completed in place: the record keeps its key.
-                        entry.record = completed();
-                        st.expiries.after(hash, req.keep, after(now, req.keep));
-                    }
-                    watched
-                }
-            };
-            st.tick(now);
-            watched
+            }
         };
-        if watched {
-            self.watchers.notify(req.key);
+        if notify {
+            self.watchers.notify(key);
         }
-        Transition::Done
+        answer
+    }
+
+    fn commit_now(&self, req: CommitRequest<'_>) -> Transition {
+        self.transition(req.key, |st, hash, now| {
+            let watched = match st.records.live(hash, req.key, now).map(|e| &e.record) {
+                // Absent, or released by a later attempt that failed: the body ran, its result
+                // is recorded.
+                None => false,
+                // Completed by this acquisition (same fence): a repeated commit.
+                Some(rec) if rec.phase == Phase::Completed => {
+                    return Wrote::Nothing(if rec.fence == req.fence { Transition::Done } else { Transition::Lost });
+                }
+                Some(rec) if rec.phase == Phase::Failed => return Wrote::Nothing(Transition::Lost),
+                Some(rec) if rec.phase == Phase::InProgress && !held_by(rec, req.owner) => {
+                    return Wrote::Nothing(Transition::Lost)
+                }
+                Some(rec) => rec.watched,
+            };
+            let completed =
+                Record::completed(req.fingerprint.map(Box::from), req.fence, req.result, after(now, req.keep));
+            st.put(hash, req.key, completed, req.keep, now);
+            Wrote::Record { answer: Transition::Done, watched }
+        })
     }
 
     fn release_now(&self, key: &str, owner: &str) -> Transition {
-        let now = Instant::now();
-        let watched = {
-            let mut st = self.lock();
-            let st = &mut *st;
-            let hash = st.records.hash(key);
-            let Some(entry) = st.records.live(hash, key, now) else { return Transition::Done };
-            if !held_by(&entry.record, owner) {
-                return Transition::Lost;
+        self.transition(key, |st, hash, now| {
+            let Some(rec) = st.records.live(hash, key, now).map(|e| &e.record) else {
+                return Wrote::Nothing(Transition::Done);
+            };
+            if rec.phase == Phase::Released && rec.owner.as_ref().is_some_and(|o| o.is(owner)) {
+                return Wrote::Nothing(Transition::Done);
             }
-            let watched = entry.record.watched;
-            st.records.remove(hash, key);
-            st.tick(now);
-            watched
-        };
-        if watched {
-            self.watchers.notify(key);
-        }
-        Transition::Done
+            if !held_by(rec, owner) {
+                return Wrote::Nothing(Transition::Lost);
+            }
+            let watched = rec.watched;
+            // A record that counts attempts keeps the count of those before this one.
+            let earlier = rec.attempt.saturating_sub(1);
+            let kept = if rec.lease_end.is_some() && earlier > 0 { rec.after } else { Duration::ZERO };
+            let released = Record::failure(Phase::Released, owner, earlier, "", None, after(now, kept));
+            st.put(hash, key, released, kept, now);
+            Wrote::Record { answer: Transition::Done, watched }
+        })
+    }
+
+    fn fail_now(&self, req: FailRequest<'_>) -> Transition {
+        self.transition(req.key, |st, hash, now| {
+            let watched = match st.records.live(hash, req.key, now).map(|e| &e.record) {
+                None => false,
+                Some(rec) if held_by(rec, req.owner) => rec.watched,
+                // This owner's failure, recorded already: a repeated command.
+                Some(rec)
+                    if matches!(rec.phase, Phase::Released | Phase::Failed)
+                        && rec.owner.as_ref().is_some_and(|o| o.is(req.owner)) =>
+                {
+                    return Wrote::Nothing(Transition::Done)
+                }
+                Some(_) => return Wrote::Nothing(Transition::Lost),
+            };
+            let phase = if req.give_up { Phase::Failed } else { Phase::Released };
+            let until = after(now, req.keep);
+            let failed = Record::failure(phase, req.owner, req.attempt, error_text(req.error), req.fingerprint, until);
+            st.put(hash, req.key, failed, req.keep, now);
+            Wrote::Record { answer: Transition::Done, watched }
+        })
+    }
+
+    fn resolve_now(&self, key: &str, holder: Option<&str>, resolution: Resolution<'_>) -> Resolved {
+        self.transition(key, |st, hash, now| {
+            let Some(rec) = st.records.live(hash, key, now).map(|e| &e.record) else {
+                return Wrote::Nothing(Resolved::Absent);
+            };
+            let state = rec.state(now);
+            let theirs = holder.is_some_and(|h| !rec.owner.as_ref().is_some_and(|o| o.is(h)));
+            if rec.phase == Phase::InProgress && rec.hold && !rec.lapsed(now) && !theirs {
+                return Wrote::Nothing(Resolved::Running);
+            }
+            if state != RecordState::Unknown || theirs {
+                return Wrote::Nothing(Resolved::NotUnknown(state));
+            }
+            let (watched, kept, until) = (rec.watched, rec.after, after(now, rec.after));
+            let resolved = match resolution {
+                // No fence of the holder's: its late commit must find the record not its own.
+                Resolution::Completed(result) => Record::completed(rec.fingerprint.clone(), 0, result, until),
+                Resolution::Release => {
+                    let owner = rec.owner.as_ref().map_or("", |o| o.as_str()).to_owned();
+                    Record::failure(Phase::Released, &owner, rec.attempt, RESOLVED_RELEASED, None, until)
+                }
+            };
+            st.put(hash, key, resolved, kept, now);
+            Wrote::Record { answer: Resolved::Done, watched }
+        })
     }
 
     fn inspect_now(&self, key: &str) -> Inspected {
@@ -355,7 +539,7 @@ impl MemoryStore {
             let mut st = self.lock();
             let hash = st.records.hash(key);
             let Some(entry) = st.records.live(hash, key, now) else { return Forgotten::Absent };
-            let state = state_of(&entry.record);
+            let state = entry.record.state(now);
             if state == RecordState::InProgress && !force {
                 return Forgotten::InProgress;
             }
@@ -392,6 +576,14 @@ impl MemoryStore {
     }
 }
 
+/// What a transition did ([`MemoryStore::transition`]).
+enum Wrote<T> {
+    /// Nothing was written: its answer.
+    Nothing(T),
+    /// The record was written (or removed): its answer, and whether it was watched.
+    Record { answer: T, watched: bool },
+}
+
 impl Records {
     fn hash(&self, key: &str) -> u64 {
         self.hasher.hash_one(key)
@@ -426,6 +618,21 @@ impl Records {
 }
 
 impl State {
+    /// Writes `record` at `key` (hashed to `hash`) in place of what is there, due to expire
+    /// `lifetime` from `now` (the record says when, too); a lifetime of zero removes the key.
+    fn put(&mut self, hash: u64, key: &str, record: Record, lifetime: Duration, now: Instant) {
+        if lifetime.is_zero() {
+            self.records.remove(hash, key);
+            return;
+        }
+        match self.records.table.find_mut(hash, |e| e.key.is(key)) {
+            // In place: the entry keeps its key.
+            Some(entry) => entry.record = record,
+            None => self.records.insert(hash, key, record),
+        }
+        self.expiries.after(hash, lifetime, after(now, lifetime));
+    }
+
     /// Drops a few expired records (amortized: each write that queues an expiry pays for a
     /// bounded number), and all of them once the store has doubled since the last full sweep.
     fn tick(&mut self, now: Instant) {
@@ -473,6 +680,23 @@ impl Store for MemoryStore {
 
     fn watch<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Result<Watcher, StoreError>> {
         StoreFuture::ready(Ok(self.watch_now(key)))
+    }
+
+    fn keeps_attempts(&self) -> bool {
+        true
+    }
+
+    fn fail<'a>(&'a self, request: FailRequest<'a>) -> StoreFuture<'a, Result<Transition, StoreError>> {
+        StoreFuture::ready(Ok(self.fail_now(request)))
+    }
+
+    fn resolve<'a>(
+        &'a self,
+        key: &'a str,
+        holder: Option<&'a str>,
+        resolution: Resolution<'a>,
+    ) -> StoreFuture<'a, Result<Resolved, StoreError>> {
+        StoreFuture::ready(Ok(self.resolve_now(key, holder, resolution)))
     }
 
     fn inspect<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Result<Inspected, StoreError>> {

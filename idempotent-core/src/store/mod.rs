@@ -28,6 +28,7 @@ mod channels;
 #[cfg(any(feature = "redis", feature = "postgres"))]
 pub(crate) mod credentials;
 mod expiry;
+mod failures;
 mod future;
 pub(crate) mod join;
 pub mod memory;
@@ -42,6 +43,8 @@ mod within;
 pub(crate) use within::{within, Within};
 
 pub use background::MAX_BACKGROUND;
+pub(crate) use failures::error_text;
+pub use failures::{FailRequest, Lapse, Resolution, Resolved, LAPSED, MAX_ERROR_BYTES, RESOLVED_RELEASED};
 pub use future::{BoxFuture, StoreFuture};
 pub(crate) use join::{join_all, one_by_one};
 pub use view::{Forgotten, Inspected, RecordState, RecordView, ScanPage};
@@ -97,6 +100,11 @@ pub struct AcquireRequest<'a> {
     /// once). Otherwise a store whose token costs a command of its own may leave it unread
     /// (`Acquired { fence: 0 }`) for [`Store::fence`] to read if the body asks for it.
     pub fence_now: bool,
+    /// What the key becomes if this attempt's lease runs out without a commit or a release.
+    pub lapse: Lapse,
+    /// How long the record outlives its lease when it keeps the lease's end itself (a `lapse`
+    /// other than `Free`, or an attempt after a failed one): the call's `keep`.
+    pub keep: Duration,
 }
 
 /// What [`Store::acquire`] found.
@@ -104,13 +112,13 @@ pub struct AcquireRequest<'a> {
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// use std::time::Duration;
-/// use idempotency::store::{AcquireOutcome, AcquireRequest};
+/// use idempotency::store::{AcquireOutcome, AcquireRequest, Lapse};
 /// use idempotency::{MemoryStore, Store};
 ///
 /// let store = MemoryStore::new();
 /// let request = |owner| AcquireRequest {
 ///     key: "k", owner, lease: Duration::from_secs(5), fingerprint: None, will_wait: false, report_ttl: true,
-///     fence_now: false,
+///     fence_now: false, lapse: Lapse::Free, keep: Duration::from_secs(60),
 /// };
 /// assert!(matches!(store.acquire(request("a")).await.unwrap(), AcquireOutcome::Acquired { .. }));
 /// assert!(matches!(store.acquire(request("b")).await.unwrap(), AcquireOutcome::InProgress { .. }));
@@ -126,6 +134,9 @@ pub enum AcquireOutcome {
         /// use ([`Store::fence`]), which it may unless the request asked for it
         /// (`fence_now`).
         fence: u64,
+        /// Which attempt of the key this is: 1, or one more than the failed attempts its record
+        /// counts (see [`Store::fail`]).
+        attempt: u32,
     },
     /// Another owner holds the key.
     InProgress {
@@ -145,6 +156,28 @@ pub enum AcquireOutcome {
         /// `report_ttl`); bounds how long a copy of the result may be cached.
         kept_for: Duration,
     },
+    /// The key gave up: its body failed as many times as its policy allows
+    /// ([`FailRequest::give_up`]).
+    GaveUp {
+        /// The fingerprint kept with it.
+        fingerprint: Option<String>,
+        /// How many attempts failed.
+        attempts: u32,
+        /// The last one's error.
+        last_error: String,
+    },
+    /// The key's holder stopped without a commit or a release under [`Lapse::Hold`]: its outcome
+    /// is unknown until it is resolved ([`Store::resolve`]).
+    Unknown {
+        /// The fingerprint the holder stored.
+        fingerprint: Option<String>,
+        /// The owner id of the attempt that held it.
+        owner: String,
+        /// When its lease ended, unix ms by the store's clock.
+        lease_ended_ms: u64,
+        /// Which attempt it was.
+        attempt: u32,
+    },
     /// The key holds something that is not an idempotency record.
     Corrupt {
         /// What was found.
@@ -159,6 +192,8 @@ impl AcquireOutcome {
             AcquireOutcome::Acquired { .. } => "acquired",
             AcquireOutcome::InProgress { .. } => "in_progress",
             AcquireOutcome::Completed { .. } => "completed",
+            AcquireOutcome::GaveUp { .. } => "gave_up",
+            AcquireOutcome::Unknown { .. } => "unknown",
             AcquireOutcome::Corrupt { .. } => "corrupt",
         }
     }
@@ -179,6 +214,10 @@ pub struct CommitRequest<'a> {
     pub result: Option<&'a [u8]>,
     /// The payload's fingerprint.
     pub fingerprint: Option<&'a str>,
+    /// The acquire wrote a record that keeps its lease's end (a `lapse` other than
+    /// [`Lapse::Free`], or an attempt after a failed one): a store that compares the record it
+    /// expects whole (Redis's `SET ... IFEQ`) skips the compare, which could not match.
+    pub lease_in_record: bool,
 }
 
 /// The completed record a successful body leaves, for a store that writes it together with the
@@ -291,6 +330,13 @@ pub trait Store: Send + Sync + 'static {
     /// The fencing token must be larger than that of every earlier acquisition of the key, also
     /// one whose record has since gone: stamp it with a clock the store owns (Redis `TIME`, a
     /// database sequence), never a client's.
+    ///
+    /// A store that keeps attempts ([`keeps_attempts`](Self::keeps_attempts)) also takes a
+    /// RELEASED record (the attempt after its count), and an IN_PROGRESS one whose lease's end it
+    /// keeps and which has passed by its clock under `Lapse::Free` or `Lapse::Count` (the attempt
+    /// after it: that attempt counted); it reports one under `Lapse::Hold` as `Unknown`, and a
+    /// FAILED record as `GaveUp`. The record it writes keeps its lease's end, and outlives it by
+    /// `keep`, when `lapse` is not `Free` or the attempt is not the first.
     fn acquire<'a>(&'a self, request: AcquireRequest<'a>) -> StoreFuture<'a, Result<AcquireOutcome, StoreError>>;
 
     /// The fencing token of `owner`'s hold on `key`, for a store that left it unread at the
@@ -317,8 +363,9 @@ pub trait Store: Send + Sync + 'static {
     /// leaves tokens unread must by the owner.
     fn commit<'a>(&'a self, request: CommitRequest<'a>) -> StoreFuture<'a, Result<Transition, StoreError>>;
 
-    /// IN_PROGRESS held by `owner` → absent. Absent → `Done`. Held or completed by another
-    /// owner → `Lost`. Notifies watchers.
+    /// IN_PROGRESS held by `owner` → absent (a record that counts attempts: RELEASED with the
+    /// attempts before this one, which is not counted). Absent → `Done`. Held or completed by
+    /// another owner → `Lost`. Notifies watchers.
     fn release<'a>(&'a self, key: &'a str, owner: &'a str) -> StoreFuture<'a, Result<Transition, StoreError>>;
 
     /// Many acquires at once, for a batch (`Idempotency::claim`): per request, in order, what
@@ -349,6 +396,48 @@ pub trait Store: Send + Sync + 'static {
         releases: &'a [(&'a str, &'a str)],
     ) -> StoreFuture<'a, Vec<Result<Transition, StoreError>>> {
         StoreFuture::new(one_by_one(releases, |(key, owner)| self.release(key, owner)))
+    }
+
+    /// Whether the store keeps attempts: records that keep their lease's end ([`Lapse`]), the
+    /// count of failed attempts ([`fail`](Self::fail)), keys given up, and unknown outcomes
+    /// resolved ([`resolve`](Self::resolve)). The default says no: the runtime then refuses the
+    /// calls that need it (`on_crash = hold`, `give_up_after`) with `Error::InvalidCall`, and
+    /// releases a failed attempt ([`release`](Self::release)) without counting it.
+    fn keeps_attempts(&self) -> bool {
+        false
+    }
+
+    /// `owner`'s attempt failed: IN_PROGRESS held by `owner` (its lease run out or not), or
+    /// absent → RELEASED, counting `attempt` with its error, kept for `keep` (the next acquire
+    /// takes it as attempt `attempt + 1`); with `give_up`, FAILED instead (every acquire reports
+    /// `GaveUp`). `keep` zero: the key is released and nothing is kept. The same owner's record
+    /// already written (a repeated command) → `Done`; another owner's record → `Lost`. Notifies
+    /// watchers. The default releases the key (a store that does not keep attempts).
+    fn fail<'a>(&'a self, request: FailRequest<'a>) -> StoreFuture<'a, Result<Transition, StoreError>> {
+        self.release(request.key, request.owner)
+    }
+
+    /// Many failures at once, for a batch: per request, in order, what [`fail`](Self::fail)
+    /// would answer it. The default sends them one after the other.
+    fn fail_many<'a>(
+        &'a self,
+        requests: &'a [FailRequest<'a>],
+    ) -> StoreFuture<'a, Vec<Result<Transition, StoreError>>> {
+        StoreFuture::new(one_by_one(requests, |request| self.fail(request)))
+    }
+
+    /// Resolves an UNKNOWN record (its holder's lease ended under `Lapse::Hold`), when `holder`
+    /// is `None` or the owner that held it: COMPLETED with the given result, or RELEASED with its
+    /// attempt counted, kept for the `keep` the holder's acquire gave. Anything else is reported
+    /// as found, unchanged. Notifies watchers. The default says the store cannot.
+    fn resolve<'a>(
+        &'a self,
+        key: &'a str,
+        holder: Option<&'a str>,
+        resolution: Resolution<'a>,
+    ) -> StoreFuture<'a, Result<Resolved, StoreError>> {
+        let _ = (key, holder, resolution);
+        StoreFuture::ready(unsupported("resolve unknown outcomes"))
     }
 
     /// A watcher woken when the key's record is committed or released. It must be in place

@@ -20,6 +20,17 @@ pub enum RecordState {
     InProgress,
     /// A call completed; its result is kept (and replayed, unless not replayable).
     Completed,
+    /// The last attempt failed (its body returned `Err`) and freed the key: the record keeps the
+    /// count of failed attempts and the last error for the next attempt, which may run.
+    Released,
+    /// The key gave up (`give_up_after(N)`): its body failed N times and does not run again
+    /// until an operator forgets the key or its `keep` ends.
+    Failed,
+    /// The key's holder stopped without a commit or a release (its process died, or stalled
+    /// past its lease) under `on_crash = hold`: whether its body's effect happened is unknown,
+    /// and the key does not run again until it is resolved (`Idempotency::resolve`, the CLI's
+    /// `resolve`) or its `keep` ends.
+    Unknown,
 }
 
 impl std::fmt::Display for RecordState {
@@ -27,6 +38,9 @@ impl std::fmt::Display for RecordState {
         f.write_str(match self {
             RecordState::InProgress => "in_progress",
             RecordState::Completed => "completed",
+            RecordState::Released => "released",
+            RecordState::Failed => "failed",
+            RecordState::Unknown => "unknown",
         })
     }
 }
@@ -49,18 +63,32 @@ impl std::fmt::Display for RecordState {
 pub struct RecordView {
     /// The full key (scope and key).
     pub key: String,
-    /// In progress or completed.
+    /// Its state: in progress, completed, released after a failure, failed for good, or unknown.
     pub state: RecordState,
     /// The acquisition's fencing token, when the record carries it (a completed record always
     /// does; an in-progress one on Redis does not: its token is the server's `TIME` read right
     /// after the acquire, returned to the holder and not stored).
     pub fence: Option<u64>,
-    /// In progress: the owner id of the attempt holding the key.
+    /// In progress or unknown: the owner id of the attempt holding (or that held) the key.
     pub owner: Option<String>,
-    /// In progress: when the attempt started (unix ms, by the holder's clock, from its owner
-    /// id).
+    /// In progress or unknown: when the attempt started (unix ms, by the holder's clock, from
+    /// its owner id).
     pub started_ms: Option<u64>,
-    /// Completed: when the result was stored (unix ms, by the committing client's clock).
+    /// Which attempt holds the key (in progress, unknown), or how many failed (released,
+    /// failed); `None` where the store does not count them (a first attempt in progress whose
+    /// record does not keep its lease's end).
+    pub attempts: Option<u32>,
+    /// Released or failed: the last failed attempt's error, as its `Display` wrote it (empty
+    /// when the attempt left none: a dropped call, a lease that ran out).
+    pub last_error: Option<String>,
+    /// When the holder's lease ends (in progress) or ended (unknown), unix ms by the store's
+    /// clock, for a record that keeps it (`on_crash = hold`, attempts counted); `None` where
+    /// the record's own expiry is the lease.
+    pub lease_end_ms: Option<u64>,
+    /// The record is held when its holder stops without a word (`on_crash = hold`).
+    pub holds: bool,
+    /// Completed, released or failed: when the result or the failure was stored (unix ms, by
+    /// the committing client's clock on Redis and memory, the database's on PostgreSQL).
     pub stored_ms: Option<u64>,
     /// What the store says the record has left: the lease while in progress, `keep` once
     /// completed (`None` when it does not expire).
@@ -99,8 +127,8 @@ impl RecordView {
     /// was stored (completed), by the clocks that wrote them; `None` when unknown.
     pub fn age(&self, now: SystemTime) -> Option<Duration> {
         let at = match self.state {
-            RecordState::InProgress => self.started_ms?,
-            RecordState::Completed => self.stored_ms?,
+            RecordState::InProgress | RecordState::Unknown => self.started_ms?,
+            RecordState::Completed | RecordState::Released | RecordState::Failed => self.stored_ms?,
         };
         let now_ms = now.duration_since(UNIX_EPOCH).ok()?.as_millis() as u64;
         Some(Duration::from_millis(now_ms.saturating_sub(at)))

@@ -49,7 +49,7 @@ impl Default for PassThroughStore {
 impl Store for PassThroughStore {
     fn acquire<'a>(&'a self, _: AcquireRequest<'a>) -> StoreFuture<'a, Result<AcquireOutcome, StoreError>> {
         let fence = self.fences.fetch_add(1, Ordering::Relaxed) + 1;
-        StoreFuture::ready(Ok(AcquireOutcome::Acquired { fence }))
+        StoreFuture::ready(Ok(AcquireOutcome::Acquired { fence, attempt: 1 }))
     }
 
     fn renew<'a>(&'a self, leases: &'a [Lease<'a>]) -> StoreFuture<'a, Result<Vec<bool>, StoreError>> {

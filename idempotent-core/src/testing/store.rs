@@ -11,7 +11,8 @@ use tokio::sync::watch;
 use crate::error::{StoreError, StoreErrorKind};
 use crate::store::memory::MemoryStore;
 use crate::store::{
-    AcquireOutcome, AcquireRequest, CommitRequest, Forgotten, Inspected, Lease, StoreFuture, Transition, Watcher,
+    AcquireOutcome, AcquireRequest, CommitRequest, FailRequest, Forgotten, Inspected, Lease, Resolution, Resolved,
+    StoreFuture, Transition, Watcher,
 };
 use crate::Store;
 
@@ -190,6 +191,35 @@ impl Store for TestStore {
         StoreFuture::new(async move { records.release(key, owner).await })
     }
 
+    fn keeps_attempts(&self) -> bool {
+        true
+    }
+
+    /// A failure is a release that keeps the count (counted with the releases).
+    fn fail<'a>(&'a self, request: FailRequest<'a>) -> StoreFuture<'a, Result<Transition, StoreError>> {
+        let records = match self.records() {
+            Ok(records) => records,
+            Err(e) => return StoreFuture::ready(Err(e)),
+        };
+        if !self.current(request.owner) {
+            return StoreFuture::ready(Ok(Transition::Lost));
+        }
+        self.releases.fetch_add(1, Ordering::SeqCst);
+        StoreFuture::new(async move { records.fail(request).await })
+    }
+
+    fn resolve<'a>(
+        &'a self,
+        key: &'a str,
+        holder: Option<&'a str>,
+        resolution: Resolution<'a>,
+    ) -> StoreFuture<'a, Result<Resolved, StoreError>> {
+        match self.records() {
+            Ok(records) => StoreFuture::new(async move { records.resolve(key, holder, resolution).await }),
+            Err(e) => StoreFuture::ready(Err(e)),
+        }
+    }
+
     fn watch<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Result<Watcher, StoreError>> {
         match self.records() {
             Ok(records) => StoreFuture::new(async move { records.watch(key).await }),
@@ -227,6 +257,8 @@ mod tests {
             will_wait: false,
             report_ttl: false,
             fence_now: false,
+            lapse: crate::store::Lapse::Free,
+            keep: Duration::ZERO,
         }
     }
 
@@ -238,6 +270,7 @@ mod tests {
             keep: Duration::from_secs(60),
             result: Some(b"1"),
             fingerprint: None,
+            lease_in_record: false,
         }
     }
 

@@ -41,6 +41,12 @@ pub(crate) fn for_error(e: &Error, key: &str) -> Status {
             Code::FailedPrecondition,
             format!("the call with idempotency-key {key:?} failed {attempts} times; it is not run again ({e})"),
         ),
+        // Not ABORTED: a client's retry policy would retry it, and nothing changes until someone
+        // resolves the key.
+        Error::OutcomeUnknown { .. } => Status::new(
+            Code::FailedPrecondition,
+            format!("the call with idempotency-key {key:?} stopped without an outcome; it is not run again until resolved ({e})"),
+        ),
         Error::InvalidKey { .. } | Error::InvalidCall { .. } | Error::InvalidToken { .. } => {
             Status::new(Code::InvalidArgument, e.to_string())
         }

@@ -20,6 +20,14 @@
 //!   held its key from its acquisition to its commit: no acquisition sent after its own was
 //!   answered was answered before its body ended. (Its body's effects, real only if it commits,
 //!   are left out of I1.)
+//! - **I10** a held key never runs again until resolved: a body under `on_crash = hold` that
+//!   stopped without a word (dropped, panicked, its process gone: no commit, failure or release
+//!   sent) keeps every other body of its key from starting while its record is surely kept, unless
+//!   an operator resolved it or the record was taken away.
+//! - **I11** attempts never go backwards: a body that acquired its key after another body of the
+//!   key had acquired it is not an earlier attempt, while that one's record is surely kept.
+//! - **I12** a key given up never runs: once a failure that gave up on the key is confirmed, no
+//!   body of the key starts while its record is surely kept.
 //!
 //! Windows are judged by what the history proves, never by a guess: a store command landed
 //! somewhere between its sending and its answer, so a violation is reported only when every
@@ -60,6 +68,8 @@ pub struct Report {
 struct Body {
     start: Micros,
     owner: String,
+    /// Which attempt of its key it was.
+    attempt: u32,
     /// Its fencing token, once known (a lock's at its start, a body's when it read it).
     fence: Option<u64>,
     /// The body's effects (its start first) and whether it knew its lease lost at each.
@@ -80,6 +90,9 @@ struct CallInfo {
     token: bool,
     /// Its body's effects commit with its record in one transaction, or not at all.
     transactional: bool,
+    ttl: Duration,
+    hold: bool,
+    give_up: Option<u32>,
     bound: Duration,
     proc: usize,
     invoke: Micros,
@@ -99,6 +112,7 @@ impl CallInfo {
 
 #[derive(Debug, Clone)]
 struct Op {
+    proc: usize,
     kind: OpKind,
     key: String,
     owner: String,
@@ -115,6 +129,8 @@ struct Reading {
     /// Purge broadcasts received: process, key, when.
     delivered: Vec<(usize, String, Micros)>,
     losses: Vec<(String, Micros)>,
+    /// Operators' resolutions: key, when sent, when answered, the value (completed), done.
+    resolutions: Vec<(String, Micros, Micros, Option<String>, bool)>,
 }
 
 /// Times inside the checker: microseconds times 1024, plus the event's rank among those of the
@@ -138,13 +154,29 @@ fn read(events: &[(Micros, Event)]) -> Reading {
     let mut purges = Vec::new();
     let mut delivered = Vec::new();
     let mut losses = Vec::new();
+    let mut resolutions = Vec::new();
     let (mut last, mut rank) = (Micros::MAX, 0);
     for (t, e) in events {
         rank = if *t == last { (rank + 1).min(TICK - 1) } else { 0 };
         last = *t;
         let t = *t * TICK + rank;
         match e {
-            Event::Invoke { call, proc, key, keep, lock, abort, bound, probe, unholdable, token, transactional } => {
+            Event::Invoke {
+                call,
+                proc,
+                key,
+                keep,
+                lock,
+                abort,
+                bound,
+                probe,
+                unholdable,
+                token,
+                transactional,
+                ttl,
+                hold,
+                give_up,
+            } => {
                 calls.insert(
                     *call,
                     CallInfo {
@@ -157,6 +189,9 @@ fn read(events: &[(Micros, Event)]) -> Reading {
                         unholdable: *unholdable,
                         token: *token,
                         transactional: *transactional,
+                        ttl: *ttl,
+                        hold: *hold,
+                        give_up: *give_up,
                         bound: *bound,
                         proc: *proc,
                         invoke: t,
@@ -164,11 +199,12 @@ fn read(events: &[(Micros, Event)]) -> Reading {
                     },
                 );
             }
-            Event::BodyStart { call, owner, fence, lost } => {
+            Event::BodyStart { call, owner, fence, attempt, lost } => {
                 if let Some(c) = calls.get_mut(call) {
                     c.body = Some(Body {
                         start: t,
                         owner: owner.clone(),
+                        attempt: *attempt,
                         fence: *fence,
                         effects: vec![(t, *lost)],
                         ..Body::default()
@@ -207,7 +243,14 @@ fn read(events: &[(Micros, Event)]) -> Reading {
             }
             Event::OpSent { proc, id, kind, key, owner } => {
                 op_index.insert((*proc, *id), ops.len());
-                ops.push(Op { kind: kind.clone(), key: key.clone(), owner: owner.clone(), sent: t, answer: None });
+                ops.push(Op {
+                    proc: *proc,
+                    kind: kind.clone(),
+                    key: key.clone(),
+                    owner: owner.clone(),
+                    sent: t,
+                    answer: None,
+                });
             }
             Event::OpAnswered { proc, id, result } => {
                 if let Some(&i) = op_index.get(&(*proc, *id)) {
@@ -217,12 +260,15 @@ fn read(events: &[(Micros, Event)]) -> Reading {
             Event::Purge { key, force, sent, deleted } => purges.push((key.clone(), *sent * TICK, t, *force, *deleted)),
             Event::PurgeDelivered { proc, key } => delivered.push((*proc, key.clone(), t)),
             Event::Lose { key } => losses.push((key.clone(), t)),
+            Event::Resolve { key, sent, value, done } => {
+                resolutions.push((key.clone(), *sent * TICK, t, value.clone(), *done))
+            }
         }
     }
-    Reading { calls: calls.into_values().collect(), ops, purges, delivered, losses }
+    Reading { calls: calls.into_values().collect(), ops, purges, delivered, losses, resolutions }
 }
 
-/// Checks `events` (a history, in time order) against I1 to I9.
+/// Checks `events` (a history, in time order) against I1 to I12.
 pub fn check(events: &[(Micros, Event)]) -> Report {
     let r = read(events);
     let mut report = Report::default();
@@ -422,6 +468,15 @@ pub fn check(events: &[(Micros, Event)]) -> Report {
     };
     for c in r.calls.iter().filter(|c| !c.lock) {
         let Some((_, Returned::Ok { value, replayed: true, cached, .. })) = &c.returned else { continue };
+        // A value an operator resolved the key with, sent before the call was answered.
+        let resolved_with = r.resolutions.iter().any(|(k, sent, _, v, _)| {
+            *k == c.key
+                && v.as_deref() == Some(value.as_str())
+                && c.returned.as_ref().is_some_and(|(at, _)| *sent < *at)
+        });
+        if resolved_with {
+            continue;
+        }
         let Some(x) = value_of(&c.key, value) else {
             violation("I3", &c.key, format!("call #{} replayed {value:?}, which no body of the key returned", c.id));
             continue;
@@ -534,9 +589,21 @@ pub fn check(events: &[(Micros, Event)]) -> Report {
                     })
             })
         };
+        // A documented state of the key, which a call of the schedule asked for: held unknown
+        // (`on_crash = hold`) or given up (`give_up_after`). I10 and I12 hold them to that.
+        let held_by_policy = |e: &str| {
+            r.calls.iter().any(|x| {
+                x.key == c.key
+                    && ((e == "OutcomeUnknown" && x.hold && x.body.is_some()) || (e == "GaveUp" && x.give_up.is_some()))
+            })
+        };
         if c.probe {
             if let Returned::Err(e) = returned {
-                if e == "Conflict" && behind_a_commit() {
+                if held_by_policy(e) {
+                    *exceptions
+                        .entry("a probe found the key held unknown or given up, as its policy says")
+                        .or_default() += 1;
+                } else if e == "Conflict" && behind_a_commit() {
                     *exceptions.entry("a probe behind an earlier probe's commit still on its way").or_default() += 1;
                 } else if !(e == "Store" && retried()) {
                     violation("I5", &c.key, format!("the probe #{} after every fault and lease got {e}", c.id));
@@ -552,6 +619,156 @@ pub fn check(events: &[(Micros, Event)]) -> Report {
                 &c.key,
                 format!("call #{} took {} us besides its body, over its bound of {:?}", c.id, us(took), c.bound),
             );
+        }
+    }
+
+    // Whether an operator's resolution of `key` may have landed between `from` and `to`.
+    let resolved = |key: &str, from: Micros, to: Micros| {
+        r.resolutions.iter().any(|(k, sent, at, _, _)| k == key && *at >= from && *sent <= to)
+    };
+    // What may have ended `key`'s record between `from` and `to`: the store, a purge, a resolution.
+    let ended = |key: &str, from: Micros, to: Micros| {
+        taken_away(key, from, to) || purged(key, from, to) || resolved(key, from, to)
+    };
+    // The owner's commands after its acquisition that say what became of its attempt.
+    let said = |owner: &str| {
+        r.ops.iter().any(|o| {
+            o.owner == owner && matches!(o.kind, OpKind::Commit | OpKind::Release | OpKind::Fail | OpKind::GiveUp)
+        })
+    };
+
+    // A command of `key` that may have ended its count between `from` and `to` (sent before `to`,
+    // not answered before `from`): a commit that succeeded (the key completed, its count done
+    // with), or a failure or release of a call that keeps nothing (`keep` zero: no count kept).
+    // The shortest `keep` `owner`'s call may have: its body's call's, or, for an owner whose body
+    // never started (an acquire its caller gave up on, or answered too late), the shortest of the
+    // calls of its process in flight when it sent its first command.
+    let owner_keep = |owner: &str| -> Duration {
+        if let Some(c) = bodies.iter().find(|c| c.body.as_ref().is_some_and(|b| b.owner == owner)) {
+            return c.keep;
+        }
+        let Some((proc, first)) = r.ops.iter().find(|o| o.owner == owner).map(|o| (o.proc, o.sent)) else {
+            return Duration::ZERO;
+        };
+        r.calls
+            .iter()
+            .filter(|c| c.proc == proc && c.invoke <= first && c.returned.as_ref().is_none_or(|(at, _)| *at >= first))
+            .map(|c| c.keep)
+            .min()
+            .unwrap_or(Duration::ZERO)
+    };
+    let keeps_nothing = |owner: &str| owner_keep(owner).is_zero();
+    let count_ended = |key: &str, from: Micros, to: Micros| {
+        r.ops.iter().any(|o| {
+            o.key == key
+                && o.sent < to
+                && o.answer.as_ref().is_none_or(|(at, _)| *at > from)
+                && match o.kind {
+                    OpKind::Commit => !matches!(&o.answer, Some((_, OpResult::Lost))),
+                    OpKind::Fail | OpKind::Release => keeps_nothing(&o.owner),
+                    _ => false,
+                }
+        })
+    };
+
+    // I10: a held key whose holder stopped without a word is not run again until resolved.
+    for x in bodies.iter().filter(|c| c.hold && !c.lock) {
+        let xb = x.body.as_ref().expect("a body");
+        let stopped = matches!(xb.end, None | Some((_, BodyEnd::Dropped | BodyEnd::Panicked)));
+        if !stopped || said(&xb.owner) {
+            continue;
+        }
+        let Some((x_sent, x_answered)) = acquired(&xb.owner) else { continue };
+        // Its record lives at least its lease and `keep` from when its acquire landed.
+        let kept_until = x_sent + span(x.ttl) + span(x.keep);
+        for y in bodies.iter().filter(|c| c.key == x.key && c.id != x.id && !c.lock) {
+            let Some((y_sent, y_answered)) = acquired(&y.body.as_ref().expect("a body").owner) else { continue };
+            if y_sent > x_answered && y_answered + span(Duration::from_millis(1)) < kept_until {
+                if ended(&x.key, x_sent, y_answered) {
+                    *exceptions.entry("held key resolved or taken away").or_default() += 1;
+                    continue;
+                }
+                violation(
+                    "I10",
+                    &x.key,
+                    format!(
+                        "call #{} ran (acquired {}..{} us) though call #{} (on_crash = hold) stopped without a word \
+                         holding the key, and nobody resolved it",
+                        y.id,
+                        us(y_sent),
+                        us(y_answered),
+                        x.id
+                    ),
+                );
+            }
+        }
+    }
+
+    // I11: attempts never go backwards while the count is surely kept.
+    for x in bodies.iter().filter(|c| !c.lock) {
+        let xb = x.body.as_ref().expect("a body");
+        let Some((x_sent, x_answered)) = acquired(&xb.owner) else { continue };
+        for y in bodies.iter().filter(|c| c.key == x.key && c.id != x.id && !c.lock) {
+            let yb = y.body.as_ref().expect("a body");
+            let Some((y_sent, y_answered)) = acquired(&yb.owner) else { continue };
+            // The count is carried by the record of each acquisition of the key in between (its
+            // body run or not), for its own `keep`: surely kept only until the shortest ends.
+            let kept_until = r
+                .ops
+                .iter()
+                .filter(|o| o.kind == OpKind::Acquire && o.key == x.key && o.owner != xb.owner && o.owner != yb.owner)
+                .filter(|o| o.sent < y_answered && o.answer.as_ref().is_none_or(|(at, _)| *at > x_answered))
+                .map(|o| o.sent + span(owner_keep(&o.owner)))
+                .fold(x_sent + span(x.keep), Micros::min);
+            if y_sent > x_answered
+                && y_answered + span(Duration::from_millis(1)) < kept_until
+                && yb.attempt < xb.attempt
+            {
+                if ended(&x.key, x_sent, y_answered) {
+                    *exceptions.entry("count taken away with its record").or_default() += 1;
+                    continue;
+                }
+                if count_ended(&x.key, x_sent, y_answered) {
+                    *exceptions.entry("count ended by a success, or by a failure kept for no time").or_default() += 1;
+                    continue;
+                }
+                violation(
+                    "I11",
+                    &x.key,
+                    format!(
+                        "call #{} ran as attempt {} after call #{} had run as attempt {}",
+                        y.id, yb.attempt, x.id, xb.attempt
+                    ),
+                );
+            }
+        }
+    }
+
+    // I12: a key given up never runs while its record is surely kept.
+    for g in r.ops.iter().filter(|o| o.kind == OpKind::GiveUp) {
+        let Some((g_answered, OpResult::Done)) = &g.answer else { continue };
+        let Some(giver) = bodies.iter().find(|c| c.body.as_ref().is_some_and(|b| b.owner == g.owner)) else { continue };
+        let kept_until = g.sent + span(giver.keep);
+        for y in bodies.iter().filter(|c| c.key == g.key && !c.lock) {
+            let Some((y_sent, y_answered)) = acquired(&y.body.as_ref().expect("a body").owner) else { continue };
+            if y_sent > *g_answered && y_answered + span(Duration::from_millis(1)) < kept_until {
+                if ended(&g.key, g.sent, y_answered) {
+                    *exceptions.entry("given-up key taken away").or_default() += 1;
+                    continue;
+                }
+                violation(
+                    "I12",
+                    &g.key,
+                    format!(
+                        "call #{} ran (acquired {}..{} us) after call #{} gave up on the key at {} us",
+                        y.id,
+                        us(y_sent),
+                        us(y_answered),
+                        giver.id,
+                        us(*g_answered)
+                    ),
+                );
+            }
         }
     }
 
@@ -643,8 +860,19 @@ mod tests {
                     unholdable: false,
                     token: false,
                     transactional: false,
+                    ttl: Duration::from_millis(100),
+                    hold: false,
+                    give_up: None,
                 },
             )
+        }
+        /// `invoke`, the call under `on_crash = hold` or giving up after `give_up` failures.
+        fn invoke_with(mut self, t: Micros, call: CallId, keep_ms: u64, hold: bool, give_up: Option<u32>) -> Self {
+            self = self.invoke(t, call, keep_ms);
+            if let Some((_, Event::Invoke { hold: h, give_up: g, .. })) = self.0.last_mut() {
+                (*h, *g) = (hold, give_up);
+            }
+            self
         }
         fn op(mut self, t: Micros, answered: Micros, call: CallId, kind: OpKind, result: OpResult) -> Self {
             let id = self.1;
@@ -655,9 +883,13 @@ mod tests {
             self
         }
         fn body(self, start: Micros, end: Micros, call: CallId, fence: u64) -> Self {
+            self.body_at(start, end, call, fence, 1, BodyEnd::Ok(format!("v{call}")))
+        }
+        /// A body that ran as `attempt` and ended as `ended`.
+        fn body_at(self, start: Micros, end: Micros, call: CallId, fence: u64, attempt: u32, ended: BodyEnd) -> Self {
             let owner = format!("o{call}");
-            self.at(start, Event::BodyStart { call, owner, fence: Some(fence), lost: false })
-                .at(end, Event::BodyEnd { call, end: BodyEnd::Ok(format!("v{call}")) })
+            self.at(start, Event::BodyStart { call, owner, fence: Some(fence), attempt, lost: false })
+                .at(end, Event::BodyEnd { call, end: ended })
         }
         fn ret(self, t: Micros, call: CallId, returned: Returned) -> Self {
             self.at(t, Event::Return { call, returned })
@@ -693,6 +925,78 @@ mod tests {
         assert_eq!(h.check(), Vec::<&str>::new());
     }
 
+    /// Call 0 holds its key under `on_crash = hold` and is dropped mid-body without a word (its
+    /// lease 100 ms, its record kept 1 s past it); call 1 takes the key 300 ms in and runs.
+    fn held_then_run(resolved: bool) -> H {
+        let h = H::default()
+            .invoke_with(0, 0, 1000, true, None)
+            .op(0, MS, 0, OpKind::Acquire, OpResult::Acquired { fence: 1 })
+            .body_at(MS, 20 * MS, 0, 1, 1, BodyEnd::Dropped)
+            .ret(20 * MS, 0, Returned::Cancelled);
+        let h = if resolved {
+            h.at(250 * MS, Event::Resolve { key: "k".into(), sent: 240 * MS, value: None, done: true })
+        } else {
+            h
+        };
+        h.ran(300 * MS, 1, 2, 10, 1000)
+    }
+
+    #[test]
+    fn i10_a_held_key_runs_again_without_a_resolution() {
+        assert_eq!(held_then_run(false).check(), vec!["I10"]);
+        assert_eq!(held_then_run(true).check(), Vec::<&str>::new(), "resolved between");
+        // A holder that failed said so: its key was free for the next.
+        let failed = H::default()
+            .invoke_with(0, 0, 1000, true, None)
+            .op(0, MS, 0, OpKind::Acquire, OpResult::Acquired { fence: 1 })
+            .body_at(MS, 20 * MS, 0, 1, 1, BodyEnd::Failed)
+            .op(20 * MS, 21 * MS, 0, OpKind::Fail, OpResult::Done)
+            .ret(21 * MS, 0, Returned::BodyErr)
+            .ran(300 * MS, 1, 2, 10, 1000);
+        assert_eq!(failed.check(), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn i11_an_attempt_after_a_later_one() {
+        let h = |attempt: u32, start: Micros| {
+            H::default()
+                .invoke(0, 0, 1000)
+                .op(0, MS, 0, OpKind::Acquire, OpResult::Acquired { fence: 1 })
+                .body_at(MS, 10 * MS, 0, 1, 3, BodyEnd::Failed)
+                .op(10 * MS, 11 * MS, 0, OpKind::Fail, OpResult::Done)
+                .ret(11 * MS, 0, Returned::BodyErr)
+                .invoke(start, 1, 1000)
+                .op(start, start + MS, 1, OpKind::Acquire, OpResult::Acquired { fence: 2 })
+                .body_at(start + MS, start + 2 * MS, 1, 2, attempt, BodyEnd::Failed)
+                .op(start + 2 * MS, start + 3 * MS, 1, OpKind::Fail, OpResult::Done)
+                .ret(start + 3 * MS, 1, Returned::BodyErr)
+        };
+        assert_eq!(h(1, 50 * MS).check(), vec!["I11"]);
+        assert_eq!(h(4, 50 * MS).check(), Vec::<&str>::new());
+        assert_eq!(h(1, 1500 * MS).check(), Vec::<&str>::new(), "after the count's keep it may start again");
+    }
+
+    #[test]
+    fn i12_a_key_given_up_runs_again() {
+        let h = |start: Micros, purge: bool| {
+            let h = H::default()
+                .invoke_with(0, 0, 1000, false, Some(1))
+                .op(0, MS, 0, OpKind::Acquire, OpResult::Acquired { fence: 1 })
+                .body_at(MS, 10 * MS, 0, 1, 1, BodyEnd::Failed)
+                .op(10 * MS, 11 * MS, 0, OpKind::GiveUp, OpResult::Done)
+                .ret(11 * MS, 0, Returned::BodyErr);
+            let h = if purge {
+                h.at(30 * MS, Event::Purge { key: "k".into(), force: false, sent: 20 * MS, deleted: true })
+            } else {
+                h
+            };
+            h.ran(start, 1, 2, 10, 1000)
+        };
+        assert_eq!(h(50 * MS, false).check(), vec!["I12"]);
+        assert_eq!(h(50 * MS, true).check(), Vec::<&str>::new(), "an operator forgot it");
+        assert_eq!(h(1500 * MS, false).check(), Vec::<&str>::new(), "its keep ended");
+    }
+
     #[test]
     fn i1_two_bodies_at_once() {
         let h = H::default().ran(0, 0, 1, 100, 0).ran(50 * MS, 1, 2, 100, 0);
@@ -726,7 +1030,7 @@ mod tests {
         // Call 0's transaction commits though call 1 took the key while its body ran.
         let took_meanwhile = |returned: Returned| {
             let h = H::default().invoke(0, 0, 1000).op(0, 0, 0, OpKind::Acquire, OpResult::Acquired { fence: 1 });
-            let h = h.at(0, Event::BodyStart { call: 0, owner: "o0".into(), fence: None, lost: false });
+            let h = h.at(0, Event::BodyStart { call: 0, owner: "o0".into(), fence: None, attempt: 1, lost: false });
             let h = h.op(50 * MS, 50 * MS, 1, OpKind::Acquire, OpResult::Acquired { fence: 2 });
             let h = h.at(100 * MS, Event::BodyEnd { call: 0, end: BodyEnd::Ok("v0".into()) });
             let commit = if matches!(returned, Returned::Ok { .. }) { OpResult::Done } else { OpResult::Lost };

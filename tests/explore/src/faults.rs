@@ -12,7 +12,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idempotency::store::{
-    AcquireOutcome, AcquireRequest, CommitRequest, Lease, PurgeEvent, PurgeHandler, StoreFuture, Transition, Watcher,
+    AcquireOutcome, AcquireRequest, CommitRequest, FailRequest, Lapse, Lease, PurgeEvent, PurgeHandler, Resolution,
+    Resolved, StoreFuture, Transition, Watcher,
 };
 use idempotency::{Store, StoreError, StoreErrorKind};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -32,6 +33,8 @@ enum Req {
         will_wait: bool,
         report_ttl: bool,
         fence_now: bool,
+        lapse: Lapse,
+        keep: Duration,
     },
     Renew(Vec<(String, String, Duration)>),
     Commit {
@@ -41,6 +44,7 @@ enum Req {
         keep: Duration,
         result: Option<Vec<u8>>,
         fingerprint: Option<String>,
+        lease_in_record: bool,
     },
     Release {
         key: String,
@@ -49,6 +53,15 @@ enum Req {
     Fence {
         key: String,
         owner: String,
+    },
+    Fail {
+        key: String,
+        owner: String,
+        attempt: u32,
+        error: String,
+        keep: Duration,
+        give_up: bool,
+        fingerprint: Option<String>,
     },
 }
 
@@ -217,7 +230,7 @@ fn deliver_later(faults: &Faults, tasks: &Tasks, what: impl FnOnce() + Send + 's
 
 fn summary(rep: &Rep) -> OpResult {
     match rep {
-        Rep::Acquire(Ok(AcquireOutcome::Acquired { fence })) => OpResult::Acquired { fence: *fence },
+        Rep::Acquire(Ok(AcquireOutcome::Acquired { fence, .. })) => OpResult::Acquired { fence: *fence },
         Rep::Acquire(Ok(AcquireOutcome::InProgress { .. })) => OpResult::InProgress,
         Rep::Acquire(Ok(AcquireOutcome::Completed { .. })) => OpResult::Completed,
         Rep::Fence(Ok(Some(fence))) => OpResult::Fence { fence: *fence },
@@ -239,7 +252,7 @@ async fn connection(backend: Backend, faults: Faults, mut jobs: mpsc::UnboundedR
         let split = faults.sum(now, |k| if let FaultKind::Split(d) = k { Some(d) } else { None });
         let store = backend.store();
         let rep = match job.req {
-            Req::Acquire { key, owner, lease, fingerprint, will_wait, report_ttl, fence_now } => {
+            Req::Acquire { key, owner, lease, fingerprint, will_wait, report_ttl, fence_now, lapse, keep } => {
                 let req = AcquireRequest {
                     key: &key,
                     owner: &owner,
@@ -248,6 +261,8 @@ async fn connection(backend: Backend, faults: Faults, mut jobs: mpsc::UnboundedR
                     will_wait,
                     report_ttl,
                     fence_now,
+                    lapse,
+                    keep,
                 };
                 Rep::Acquire(backend.acquire(req, split).await)
             }
@@ -256,7 +271,7 @@ async fn connection(backend: Backend, faults: Faults, mut jobs: mpsc::UnboundedR
                     leases.iter().map(|(k, o, l)| Lease { key: k, owner: o, lease: *l }).collect();
                 Rep::Renew(store.renew(&leases).await)
             }
-            Req::Commit { key, owner, fence, keep, result, fingerprint } => {
+            Req::Commit { key, owner, fence, keep, result, fingerprint, lease_in_record } => {
                 let req = CommitRequest {
                     key: &key,
                     owner: &owner,
@@ -264,11 +279,24 @@ async fn connection(backend: Backend, faults: Faults, mut jobs: mpsc::UnboundedR
                     keep,
                     result: result.as_deref(),
                     fingerprint: fingerprint.as_deref(),
+                    lease_in_record,
                 };
                 Rep::Transition(store.commit(req).await)
             }
             Req::Release { key, owner } => Rep::Transition(store.release(&key, &owner).await),
             Req::Fence { key, owner } => Rep::Fence(store.fence(&key, &owner).await),
+            Req::Fail { key, owner, attempt, error, keep, give_up, fingerprint } => {
+                let req = FailRequest {
+                    key: &key,
+                    owner: &owner,
+                    attempt,
+                    error: &error,
+                    keep,
+                    give_up,
+                    fingerprint: fingerprint.as_deref(),
+                };
+                Rep::Transition(store.fail(req).await)
+            }
         };
         let Some(reply) = job.reply else { continue };
         let now = Instant::now();
@@ -305,6 +333,8 @@ impl Store for Faulty {
                 will_wait: r.will_wait,
                 report_ttl: r.report_ttl,
                 fence_now: r.fence_now,
+                lapse: r.lapse,
+                keep: r.keep,
             };
             match self.send(OpKind::Acquire, r.key, r.owner, req).await? {
                 Rep::Acquire(out) => out,
@@ -342,6 +372,7 @@ impl Store for Faulty {
                 keep: r.keep,
                 result: r.result.map(<[u8]>::to_vec),
                 fingerprint: r.fingerprint.map(str::to_owned),
+                lease_in_record: r.lease_in_record,
             };
             match self.send(OpKind::Commit, r.key, r.owner, req).await? {
                 Rep::Transition(out) => out,
@@ -358,6 +389,39 @@ impl Store for Faulty {
                 _ => unreachable!("a release answers a transition"),
             }
         })
+    }
+
+    fn keeps_attempts(&self) -> bool {
+        self.backend.store().keeps_attempts()
+    }
+
+    fn fail<'a>(&'a self, r: FailRequest<'a>) -> StoreFuture<'a, Result<Transition, StoreError>> {
+        StoreFuture::new(async move {
+            let req = Req::Fail {
+                key: r.key.to_owned(),
+                owner: r.owner.to_owned(),
+                attempt: r.attempt,
+                error: r.error.to_owned(),
+                keep: r.keep,
+                give_up: r.give_up,
+                fingerprint: r.fingerprint.map(str::to_owned),
+            };
+            let kind = if r.give_up { OpKind::GiveUp } else { OpKind::Fail };
+            match self.send(kind, r.key, r.owner, req).await? {
+                Rep::Transition(out) => out,
+                _ => unreachable!("a failure answers a transition"),
+            }
+        })
+    }
+
+    /// An operator's: straight to the store, as the CLI's would go.
+    fn resolve<'a>(
+        &'a self,
+        key: &'a str,
+        holder: Option<&'a str>,
+        resolution: Resolution<'a>,
+    ) -> StoreFuture<'a, Result<Resolved, StoreError>> {
+        StoreFuture::new(async move { self.backend.store().resolve(key, holder, resolution).await })
     }
 
     fn watch<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Result<Watcher, StoreError>> {

@@ -36,8 +36,10 @@ pub enum Returned {
 pub enum BodyEnd {
     /// It returned `Ok` with this value.
     Ok(String),
-    /// It returned its own error, or panicked.
+    /// It returned its own error.
     Failed,
+    /// It panicked.
+    Panicked,
     /// It was dropped before it finished (a cancelled call, or the runtime aborting it).
     Dropped,
 }
@@ -51,6 +53,10 @@ pub enum OpKind {
     Renew,
     /// A fencing token read after the acquisition (`Store::fence`).
     Fence,
+    /// A failed attempt recorded (`Store::fail`), the key freed for the next.
+    Fail,
+    /// A failed attempt recorded as the last: the key given up (`Store::fail` with `give_up`).
+    GiveUp,
 }
 
 /// What a store command answered.
@@ -79,7 +85,9 @@ pub enum Event {
     /// after the schedule, once every fault has ended (I5); an `unholdable` one asks for a
     /// duration no store can hold, and must be refused (I8); a `token` one carries a genuine
     /// token, which must be taken (I8); a `transactional` one's body effects commit with its record
-    /// in one transaction, or not at all (I9).
+    /// in one transaction, or not at all (I9); a `hold` one (`on_crash = hold`) leaves its key
+    /// unknown if its holder stops without a word (I10); one that gives up after `give_up`
+    /// failures stops the key then (I12).
     Invoke {
         call: CallId,
         proc: usize,
@@ -92,11 +100,14 @@ pub enum Event {
         unholdable: bool,
         token: bool,
         transactional: bool,
+        ttl: Duration,
+        hold: bool,
+        give_up: Option<u32>,
     },
     /// Its body started, holding the key as `owner` with `fence` when it was known then (a lock
-    /// guard's; a guarded call's body reads its own: `FenceRead`); `lost` is whether the
-    /// context said the lease was lost at that moment.
-    BodyStart { call: CallId, owner: String, fence: Option<u64>, lost: bool },
+    /// guard's; a guarded call's body reads its own: `FenceRead`), as the key's `attempt` (I11);
+    /// `lost` is whether the context said the lease was lost at that moment.
+    BodyStart { call: CallId, owner: String, fence: Option<u64>, attempt: u32, lost: bool },
     /// The body asked for its fencing token (`CallContext::fence`) and got it (`None`: the
     /// read failed).
     FenceRead { call: CallId, fence: Option<u64> },
@@ -121,6 +132,9 @@ pub enum Event {
     PurgeDelivered { proc: usize, key: String },
     /// The store lost the key's record (a failover, a restart): a documented exception.
     Lose { key: String },
+    /// An operator resolved the key's unknown outcome (`Idempotency::resolve`), sent at `sent`:
+    /// completed with `value`, or not done (`None`); `done` when the store says it resolved one.
+    Resolve { key: String, sent: Micros, value: Option<String>, done: bool },
 }
 
 /// A history: events with their times, in the order they happened.

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idempotency::store::{
-    AcquireOutcome, AcquireRequest, CommitRequest, Forgotten, Inspected, Lease, PurgeEvent, PurgeHandler, ScanPage,
-    StoreFuture, Transition, Watcher,
+    AcquireOutcome, AcquireRequest, CommitRequest, FailRequest, Forgotten, Inspected, Lease, PurgeEvent, PurgeHandler,
+    Resolution, Resolved, ScanPage, StoreFuture, Transition, Watcher,
 };
 use idempotency::{Store, StoreError, StoreErrorKind};
 
@@ -92,7 +92,7 @@ impl Store for Recorded {
         StoreFuture::new(async move {
             let (key, owner) = (r.key, r.owner);
             self.sent(OpKind::Acquire, key, owner, self.inner.acquire(r), |out| match out {
-                Ok(AcquireOutcome::Acquired { fence }) => OpResult::Acquired { fence: *fence },
+                Ok(AcquireOutcome::Acquired { fence, .. }) => OpResult::Acquired { fence: *fence },
                 Ok(AcquireOutcome::InProgress { .. }) => OpResult::InProgress,
                 Ok(AcquireOutcome::Completed { .. }) => OpResult::Completed,
                 Err(e) if e.kind() == StoreErrorKind::Timeout => OpResult::NoReply,
@@ -134,6 +134,28 @@ impl Store for Recorded {
         StoreFuture::new(async move {
             self.sent(OpKind::Release, key, owner, self.inner.release(key, owner), transition).await
         })
+    }
+
+    fn keeps_attempts(&self) -> bool {
+        self.inner.keeps_attempts()
+    }
+
+    fn fail<'a>(&'a self, r: FailRequest<'a>) -> StoreFuture<'a, Result<Transition, StoreError>> {
+        StoreFuture::new(async move {
+            let (key, owner) = (r.key, r.owner);
+            let kind = if r.give_up { OpKind::GiveUp } else { OpKind::Fail };
+            self.sent(kind, key, owner, self.inner.fail(r), transition).await
+        })
+    }
+
+    /// An operator's: not a process's command.
+    fn resolve<'a>(
+        &'a self,
+        key: &'a str,
+        holder: Option<&'a str>,
+        resolution: Resolution<'a>,
+    ) -> StoreFuture<'a, Result<Resolved, StoreError>> {
+        self.inner.resolve(key, holder, resolution)
     }
 
     fn watch<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Result<Watcher, StoreError>> {

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-use idempotency::{Call, CallContext, Force, Idempotency, MemoryStore, OnConflict, OnDuplicate, Settled};
+use idempotency::{Call, CallContext, Force, Idempotency, MemoryStore, OnConflict, OnCrash, OnDuplicate, Settled};
 use tokio::time::Instant;
 
 use crate::faults::Faulty;
@@ -92,6 +92,15 @@ fn unholdable(spec: &CallSpec) -> bool {
 pub enum AppError {
     Lib(idempotency::Error),
     Body,
+}
+
+impl std::fmt::Display for AppError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AppError::Lib(e) => e.fmt(f),
+            AppError::Body => f.write_str("the body failed"),
+        }
+    }
 }
 
 impl From<idempotency::Error> for AppError {
@@ -182,6 +191,14 @@ async fn play_in(schedule: &Schedule, store: Store) -> History {
             h.record(Event::Lose { key });
         });
     }
+    for (i, r) in schedule.resolutions.iter().enumerate() {
+        let (admin, h, at) = (admin.clone(), history.clone(), start + ms(r.at_ms));
+        let (key, completed) = (full_key(r.key, false), r.completed);
+        tasks.spawn(async move {
+            tokio::time::sleep_until(at).await;
+            resolve(&admin, &h, key, completed, i).await;
+        });
+    }
     for (id, spec) in schedule.calls.iter().enumerate() {
         let (idem, h, spec, at) = (idems[spec.proc].clone(), history.clone(), spec.clone(), start + ms(spec.at_ms));
         let timeout = ms(schedule.timeouts_ms[spec.proc]);
@@ -203,6 +220,19 @@ async fn play_in(schedule: &Schedule, store: Store) -> History {
     drop(idems);
     drop(admin);
     history
+}
+
+/// An operator's resolution of `key`'s unknown outcome (the `i`-th of the schedule): completed
+/// with a value of its own (`r<i>`), or not done; recorded with what the store said.
+pub async fn resolve(admin: &Idempotency, h: &History, key: String, completed: bool, i: usize) {
+    let sent = h.now();
+    let value = completed.then(|| format!("r{i}"));
+    let how = match &value {
+        Some(v) => idempotency::Resolve::completed(v).expect("a string is JSON"),
+        None => idempotency::Resolve::NotDone,
+    };
+    let done = matches!(admin.resolve("", &key, how).await, Ok(idempotency::store::Resolved::Done));
+    h.record(Event::Resolve { key, sent, value, done });
 }
 
 /// How many times a probe that failed with a store error is made, [`PROBE_PAUSE`] apart: a store
@@ -245,6 +275,8 @@ pub async fn probe_every_key(schedule: &Schedule, idems: &[Idempotency], history
                 steps_ms: Vec::new(),
                 end: End::Ok,
                 cancel_ms: None,
+                hold: false,
+                give_up: None,
             };
             for _ in 0..PROBE_TRIES {
                 let timeout = ms(schedule.timeouts_ms[proc]);
@@ -292,6 +324,9 @@ pub async fn one_call(
         unholdable: unholdable(spec),
         token: spec.token && !spec.lock,
         transactional: tx.is_some(),
+        ttl: ms(spec.ttl_ms),
+        hold: spec.hold && !spec.lock,
+        give_up: spec.give_up.filter(|_| !spec.lock),
     });
     let work = async {
         if spec.lock {
@@ -340,11 +375,22 @@ async fn guarded(
         .on_conflict(spec.wait_ms.map_or(OnConflict::Reject, |w| OnConflict::Wait(ms(w))))
         .on_duplicate(if spec.reject_duplicates { OnDuplicate::Reject } else { OnDuplicate::Replay })
         .abort_on_lease_lost(spec.abort_on_lease_lost)
-        .renew(spec.renew);
+        .renew(spec.renew)
+        .on_crash(if spec.hold { OnCrash::Hold } else { OnCrash::Rerun });
+    let call = match spec.give_up {
+        Some(n) => call.give_up_after(n),
+        None => call,
+    };
     let body = || async {
         let ctx = CallContext::current().expect("a guarded body has its context");
         let mut ended = Ending { h, call: id, done: false };
-        h.record(Event::BodyStart { call: id, owner: ctx.owner().to_owned(), fence: None, lost: ctx.is_lease_lost() });
+        h.record(Event::BodyStart {
+            call: id,
+            owner: ctx.owner().to_owned(),
+            fence: None,
+            attempt: ctx.attempt(),
+            lost: ctx.is_lease_lost(),
+        });
         // The fence, if the body asks for it, while its steps go on: read from the store on
         // Redis (the acquisition left it unread), at any point of the lease.
         let fence_read = async {
@@ -367,7 +413,7 @@ async fn guarded(
                 Err(AppError::Body)
             }
             End::Panic => {
-                h.record(Event::BodyEnd { call: id, end: BodyEnd::Failed });
+                h.record(Event::BodyEnd { call: id, end: BodyEnd::Panicked });
                 panic!("{PLANNED_PANIC}");
             }
         }
@@ -413,11 +459,15 @@ async fn guarded(
         return match settled {
             Settled::Executed { value, stored } => Returned::Ok { value, replayed: false, cached: false, stored },
             Settled::Replayed(Ok(value)) => Returned::Ok { value, replayed: true, cached: false, stored: true },
-            Settled::Failed(AppError::Body) => Returned::BodyErr,
-            Settled::Failed(AppError::Lib(e)) => Returned::Err(error_name(&e)),
+            Settled::Failed(AppError::Body) | Settled::GaveUp { error: AppError::Body, .. } => Returned::BodyErr,
+            Settled::Failed(AppError::Lib(e)) | Settled::GaveUp { error: AppError::Lib(e), .. } => {
+                Returned::Err(error_name(&e))
+            }
             // As one call that does not wait is told.
             Settled::InProgress => Returned::Err("Conflict".into()),
-            Settled::Replayed(Err(e)) | Settled::Refused(e) | Settled::Unavailable(e) => Returned::Err(error_name(&e)),
+            Settled::Replayed(Err(e)) | Settled::Refused(e) | Settled::Unavailable(e) | Settled::Held(e) => {
+                Returned::Err(error_name(&e))
+            }
         };
     }
     match idem.run_with_outcome(call, body).await {
@@ -440,7 +490,13 @@ async fn take_lock(idem: &Idempotency, h: &History, id: CallId, spec: &CallSpec)
         Err(e) => return Returned::Err(error_name(&e)),
     };
     let mut ended = Ending { h, call: id, done: false };
-    h.record(Event::BodyStart { call: id, owner: String::new(), fence: Some(guard.fence()), lost: guard.is_lost() });
+    h.record(Event::BodyStart {
+        call: id,
+        owner: String::new(),
+        fence: Some(guard.fence()),
+        attempt: 0,
+        lost: guard.is_lost(),
+    });
     // Two tasks' worth of waiters on `lost()`: every one must resolve.
     steps(h, id, &spec.steps_ms, || guard.is_lost(), [guard.lost(), guard.lost()], async {}).await;
     ended.done = true;

@@ -51,6 +51,10 @@ pub struct CallSpec {
     pub end: End,
     /// The caller drops the call this long after invoking it.
     pub cancel_ms: Option<u64>,
+    /// `on_crash = hold`: a holder that stops without a word leaves the key unknown.
+    pub hold: bool,
+    /// `give_up_after(N)`.
+    pub give_up: Option<u32>,
 }
 
 /// What goes wrong on a process's connections while a fault lasts.
@@ -90,6 +94,14 @@ pub struct Purge {
     pub force: bool,
 }
 
+/// An operator resolves a key's unknown outcome: completed (with a value of its own) or not done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resolution {
+    pub at_ms: u64,
+    pub key: usize,
+    pub completed: bool,
+}
+
 /// The store loses a key's record (a failover, a restart).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Loss {
@@ -108,6 +120,7 @@ pub struct Schedule {
     pub faults: Vec<Fault>,
     pub purges: Vec<Purge>,
     pub losses: Vec<Loss>,
+    pub resolutions: Vec<Resolution>,
 }
 
 impl Schedule {
@@ -169,6 +182,7 @@ fn call(procs: usize, keys: usize) -> impl Strategy<Value = CallSpec> {
         (ttl(), keep(), prop::option::weighted(0.3, at(1500)), prop::bool::weighted(0.15)),
         (prop::bool::weighted(0.3), prop::bool::weighted(0.9), prop::option::weighted(0.6, at(600))),
         (prop::collection::vec(at(1200), 0..3), end(), prop::option::weighted(0.15, at(1500))),
+        (prop::bool::weighted(0.15), prop::option::weighted(0.15, 2..=3u32)),
     )
         .prop_map(
             |(
@@ -176,6 +190,7 @@ fn call(procs: usize, keys: usize) -> impl Strategy<Value = CallSpec> {
                 (ttl_ms, keep_ms, wait_ms, reject),
                 (abort, renew, fence_ms),
                 (steps_ms, end, cancel_ms),
+                (hold, give_up),
             )| {
                 CallSpec {
                     at_ms,
@@ -196,6 +211,8 @@ fn call(procs: usize, keys: usize) -> impl Strategy<Value = CallSpec> {
                     steps_ms,
                     end,
                     cancel_ms,
+                    hold: hold && !lock,
+                    give_up: give_up.filter(|_| !lock),
                 }
             },
         )
@@ -232,31 +249,40 @@ pub fn schedule() -> impl Strategy<Value = Schedule> {
             prop::collection::vec((at(2000), 0..keys, prop::bool::weighted(0.3)), 0..4),
             prop::collection::vec((at(2000), 0..keys), 0..2),
             prop::bool::weighted(1.0 / 7.0),
+            prop::collection::vec((at(2500), 0..keys, prop::bool::ANY), 0..3),
         )
-            .prop_map(|(caches, timeouts_ms, mut calls, faults, purges, losses, lock_line)| Schedule {
-                caches: caches.clone(),
-                timeouts_ms,
-                calls: {
-                    for c in &mut calls {
-                        if lock_line {
-                            c.lock = true;
-                            c.token = false;
-                            c.batch = false;
-                            c.in_transaction = false;
-                            c.wait_ms.get_or_insert(800);
+            .prop_map(|(caches, timeouts_ms, mut calls, faults, purges, losses, lock_line, resolutions)| {
+                Schedule {
+                    caches: caches.clone(),
+                    timeouts_ms,
+                    calls: {
+                        for c in &mut calls {
+                            if lock_line {
+                                c.lock = true;
+                                c.token = false;
+                                c.batch = false;
+                                c.in_transaction = false;
+                                c.wait_ms.get_or_insert(800);
+                                c.hold = false;
+                                c.give_up = None;
+                            }
+                            if c.batch {
+                                c.wait_ms = None;
+                                c.batch = !caches[c.proc];
+                                c.in_transaction &= c.batch;
+                            }
                         }
-                        if c.batch {
-                            c.wait_ms = None;
-                            c.batch = !caches[c.proc];
-                            c.in_transaction &= c.batch;
-                        }
-                    }
-                    calls
-                },
-                faults,
-                purges: purges.into_iter().map(|(at_ms, key, force)| Purge { at_ms, key, force }).collect(),
-                // Losses are rare: most schedules hold the store to every guarantee.
-                losses: losses.into_iter().take(1).map(|(at_ms, key)| Loss { at_ms, key }).collect(),
+                        calls
+                    },
+                    faults,
+                    purges: purges.into_iter().map(|(at_ms, key, force)| Purge { at_ms, key, force }).collect(),
+                    // Losses are rare: most schedules hold the store to every guarantee.
+                    losses: losses.into_iter().take(1).map(|(at_ms, key)| Loss { at_ms, key }).collect(),
+                    resolutions: resolutions
+                        .into_iter()
+                        .map(|(at_ms, key, completed)| Resolution { at_ms, key, completed })
+                        .collect(),
+                }
             })
     })
 }
@@ -338,6 +364,12 @@ impl fmt::Display for Schedule {
             if let Some(x) = c.cancel_ms {
                 write!(f, " cancelled at +{x}ms")?;
             }
+            if c.hold {
+                write!(f, " on-crash-hold")?;
+            }
+            if let Some(n) = c.give_up {
+                write!(f, " give-up-after-{n}")?;
+            }
             writeln!(f)?;
         }
         for x in &self.faults {
@@ -348,6 +380,10 @@ impl fmt::Display for Schedule {
         }
         for l in &self.losses {
             writeln!(f, "  store loses k{} at {}ms", l.key, l.at_ms)?;
+        }
+        for r in &self.resolutions {
+            let how = if r.completed { "completed" } else { "not done" };
+            writeln!(f, "  operator resolves k{} as {how} at {}ms", r.key, r.at_ms)?;
         }
         Ok(())
     }

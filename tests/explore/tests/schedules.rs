@@ -4,7 +4,7 @@
 use idempotent_explore::check::check;
 use idempotent_explore::history::Event;
 use idempotent_explore::run::{play, Store};
-use idempotent_explore::schedule::{CallSpec, End, Fault, FaultKind, Loss, Purge, Schedule};
+use idempotent_explore::schedule::{CallSpec, End, Fault, FaultKind, Loss, Purge, Resolution, Schedule};
 
 fn call(at_ms: u64, proc: usize) -> CallSpec {
     CallSpec {
@@ -25,6 +25,8 @@ fn call(at_ms: u64, proc: usize) -> CallSpec {
         steps_ms: Vec::new(),
         end: End::Ok,
         cancel_ms: None,
+        hold: false,
+        give_up: None,
     }
 }
 
@@ -54,6 +56,7 @@ fn a_purge_that_overtakes_a_read_keeps_it_out_of_the_cache() {
         faults: faults(&[(0, 100, 100, FaultKind::DelayDown(500))]),
         purges: vec![Purge { at_ms: 200, key: 0, force: false }],
         losses: Vec::<Loss>::new(),
+        resolutions: Vec::new(),
     });
 }
 
@@ -74,6 +77,7 @@ fn a_retried_commit_does_not_stretch_the_cache() {
         faults: faults(&[(0, 40, 20, FaultKind::DelayDown(600))]),
         purges: Vec::new(),
         losses: Vec::new(),
+        resolutions: Vec::new(),
     });
 }
 
@@ -94,6 +98,7 @@ fn a_body_never_starts_after_its_lease_ended() {
         faults: faults(&[(0, 0, 10, FaultKind::DelayDown(700))]),
         purges: Vec::new(),
         losses: Vec::new(),
+        resolutions: Vec::new(),
     });
 }
 
@@ -117,6 +122,7 @@ fn a_lost_lease_stops_an_aborting_body_and_wakes_every_waiter() {
         faults: faults(&[(1, 10, 200, FaultKind::Refuse)]),
         purges: Vec::new(),
         losses: Vec::new(),
+        resolutions: Vec::new(),
     });
 }
 
@@ -144,6 +150,7 @@ fn a_split_acquire_never_caches_another_records_lifetime() {
         faults: faults(&[(1, 150, 940, FaultKind::Split(160))]),
         purges: Vec::new(),
         losses: Vec::new(),
+        resolutions: Vec::new(),
     });
 }
 
@@ -163,6 +170,7 @@ fn a_fence_read_after_the_key_changed_hands_fails() {
         faults: Vec::new(),
         purges: Vec::new(),
         losses: vec![Loss { at_ms: 100, key: 0 }],
+        resolutions: Vec::new(),
     };
     holds(&schedule);
     let history = play(&schedule, Store::Model);
@@ -176,4 +184,38 @@ fn a_fence_read_after_the_key_changed_hands_fails() {
         })
         .collect();
     assert_eq!(reads, vec![(1, true), (0, false)], "the stale holder read a fence");
+}
+
+/// A holder under `on_crash = hold` whose caller drops it mid-body: its key stays held past its
+/// lease (unknown), the calls after it do not run, until an operator resolves it as not done:
+/// the next call runs, as the key's second attempt.
+#[test]
+fn a_held_key_whose_holder_stopped_runs_again_only_once_resolved() {
+    let held = |at_ms: u64, proc: usize| CallSpec { hold: true, ttl_ms: 100, ..call(at_ms, proc) };
+    let stopped = CallSpec { steps_ms: vec![500], cancel_ms: Some(50), ..held(0, 0) };
+    holds(&Schedule {
+        caches: vec![false, true],
+        timeouts_ms: vec![1000, 1000],
+        calls: vec![stopped, held(30, 1), held(300, 1), held(600, 0), held(900, 1), held(1200, 0)],
+        faults: Vec::new(),
+        purges: Vec::new(),
+        losses: Vec::new(),
+        resolutions: vec![Resolution { at_ms: 800, key: 0, completed: false }],
+    });
+}
+
+/// Failures counted across processes: two failed attempts give up on the key (`give_up_after(2)`),
+/// and no call after runs, whatever its policy, until its `keep` ends.
+#[test]
+fn a_key_given_up_runs_no_more() {
+    let poison = |at_ms: u64, proc: usize| CallSpec { give_up: Some(2), end: End::Err, ..call(at_ms, proc) };
+    holds(&Schedule {
+        caches: vec![false, false],
+        timeouts_ms: vec![1000, 1000],
+        calls: vec![poison(0, 0), poison(100, 1), poison(200, 0), call(300, 1), call(400, 0)],
+        faults: faults(&[(1, 90, 50, FaultKind::DelayDown(200))]),
+        purges: Vec::new(),
+        losses: Vec::new(),
+        resolutions: Vec::new(),
+    });
 }

@@ -1,4 +1,5 @@
-//! `give_up_after` takes a whole number of attempts from 1 to 100, and nothing else.
+//! `give_up_after` takes a whole number of attempts from 1 to 1000, and nothing else; it does not go
+//! with `on_cancel = finish` in this version.
 
 use idempotency::idempotent;
 
@@ -27,11 +28,11 @@ async fn unsaid(id: u32) -> Result<u32, AppError> {
     Ok(id)
 }
 
-#[idempotent(key = "{id}", mode = Token, on_error = give_up_after(3))]
-async fn token(id: String) -> Result<u32, AppError> {
-    Ok(id.len() as u32)
+#[idempotent(key = "{id}", on_cancel = finish, on_error = give_up_after(3))]
+async fn finished(id: u32) -> Result<u32, AppError> {
+    Ok(id)
 }
 
 fn main() {
-    let _ = (none(1), unsaid(1), token(String::new()));
+    let _ = (none(1), unsaid(1), finished(1));
 }

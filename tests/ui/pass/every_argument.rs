@@ -28,6 +28,7 @@ pub struct Callback {
     fingerprint = cb,
     scope = "payments",
     abort_on_lease_lost,
+    on_crash = hold,
     store = idempotency::global(),
     crate = ::idempotency,
 )]

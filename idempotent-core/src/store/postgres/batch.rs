@@ -13,6 +13,7 @@ struct Item {
     owner: String,
     fingerprint: Option<String>,
     lease: Duration,
+    keep: Duration,
 }
 
 /// An error for each item a failed statement carried.
@@ -47,8 +48,9 @@ impl PgStore {
         &self,
         requests: &[AcquireRequest<'_>],
     ) -> Vec<Result<AcquireOutcome, StoreError>> {
-        // A caller that will wait marks rows watched: the one-key statement does that.
-        if requests.len() < 2 || requests.iter().any(|r| r.will_wait) {
+        // A caller that will wait marks rows watched, and one whose row keeps its lease's end
+        // writes it: the one-key statement does that.
+        if requests.len() < 2 || requests.iter().any(|r| r.will_wait || r.lapse != Lapse::Free) {
             return one_by_one(requests, |request| self.acquire_inner(request)).await;
         }
         let items: Vec<Item> = requests
@@ -58,6 +60,7 @@ impl PgStore {
                 owner: r.owner.to_owned(),
                 fingerprint: r.fingerprint.map(str::to_owned),
                 lease: r.lease,
+                keep: r.keep,
             })
             .collect();
         for item in &items {
@@ -89,6 +92,9 @@ impl PgStore {
         };
         // The items the statement has not settled yet, by index.
         let mut pending: Vec<usize> = (0..items.len()).collect();
+        // The items whose rows only the one-key statement takes (failed attempts counted, or an
+        // attempt past the lease's end it keeps), by index.
+        let mut one_key: Vec<usize> = Vec::new();
         for _ in 0..8 {
             let sent = pending.iter().map(|&i| &items[i]);
             let keys: Vec<String> = sent.clone().map(|item| stored(&item.key).into_owned()).collect();
@@ -122,6 +128,11 @@ impl PgStore {
             };
             for row in &rows {
                 let Some(i) = item_of("acquire", row, pending.len()).map(|at| pending[at]) else { continue };
+                if row.try_get::<&str, _>("found").is_ok_and(|found| found == "T") {
+                    one_key.push(i);
+                    out[i] = Some(Err(Failed::unsent(StoreError::reply("acquire", "taken by the one-key statement"))));
+                    continue;
+                }
                 match found(Some(row), false) {
                     Ok(Some(outcome)) => out[i] = Some(Ok(outcome)),
                     Ok(None) => {}
@@ -133,6 +144,12 @@ impl PgStore {
                 break;
             }
             tokio::task::yield_now().await;
+        }
+        drop(conn);
+        for i in one_key {
+            let item = &items[i];
+            let taking = Taking { lease: item.lease, will_wait: false, lapse: Lapse::Free, keep: item.keep };
+            out[i] = Some(self.acquire_statement(&item.key, &item.owner, item.fingerprint.as_deref(), taking).await);
         }
         out.into_iter()
             .map(|o| {

@@ -213,8 +213,18 @@ impl PgStoreBuilder {
             if self.migrate {
                 sqlx::raw_sql(&sql.migrate_quietly).execute(&mut *conn).await.map_err(|e| pg_error("migrate", e))?;
             }
-            let check = format!("SELECT 1 FROM {table} LIMIT 0");
-            sqlx::query(&check).execute(&mut *conn).await.map_err(|e| pg_error("check the records table", e))?;
+            // The columns of the table's latest version: a table of an earlier one (not migrated)
+            // is named at connect, not at the first call that needs them.
+            let check = format!("SELECT key, attempt, lease_end, hold, last_error FROM {table} LIMIT 0");
+            sqlx::query(&check).execute(&mut *conn).await.map_err(|e| {
+                let e = pg_error("check the records table", e);
+                let message = format!(
+                    "{} (a table of schema version 1 lacks the columns of attempts: run PgStore::migrate, or the \
+                     builder's migration, or apply PgStore::schema_sql)",
+                    e.message()
+                );
+                StoreError::new(e.kind(), message)
+            })?;
             Ok(shared_token_secrets(&mut conn, &self.schema, &self.table).await)
         };
         // The connect timeout bounds everything, including the pool's own wait for a connection.

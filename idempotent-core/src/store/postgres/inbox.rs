@@ -73,7 +73,7 @@ impl PgStore {
     pub async fn run_batch_in_transaction<'b, T, E, F, Fut>(&self, batch: Batch<T>, mut body: F) -> Vec<Settled<T, E>>
     where
         T: Serialize + DeserializeOwned + Send + 'b,
-        E: From<Error> + Send + 'b,
+        E: From<Error> + std::fmt::Display + Send + 'b,
         F: FnMut(PgTransaction, usize, CallContext) -> Fut,
         Fut: Future<Output = (PgTransaction, Result<T, E>)> + Send + 'b,
     {

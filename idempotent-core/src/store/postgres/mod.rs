@@ -16,14 +16,16 @@ use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
 use super::{
-    AcquireOutcome, AcquireRequest, CommitRequest, Forgotten, Inspected, Lease, PurgeHandler, RecordState, RecordView,
-    ScanPage, Store, StoreFuture, Transition, Watcher,
+    error_text, one_by_one, AcquireOutcome, AcquireRequest, CommitRequest, FailRequest, Forgotten, Inspected, Lapse,
+    Lease, PurgeHandler, RecordState, RecordView, Resolution, Resolved, ScanPage, Store, StoreFuture, Transition,
+    Watcher,
 };
 use crate::error::{StoreError, StoreErrorKind};
 
 mod batch;
 mod builder;
 mod errors;
+mod failures;
 mod flights;
 mod inbox;
 mod listen;
@@ -174,12 +176,13 @@ impl PgStore {
     async fn acquire_inner(&self, req: AcquireRequest<'_>) -> Result<AcquireOutcome, StoreError> {
         let (store, key, owner, fingerprint) =
             (self.clone(), req.key.to_owned(), req.owner.to_owned(), req.fingerprint.map(str::to_owned));
-        let (lease, will_wait) = (req.lease, req.will_wait);
+        let taking = Taking { lease: req.lease, will_wait: req.will_wait, lapse: req.lapse, keep: req.keep };
+        let lease = req.lease;
         self.inner.flights.start(&owner);
         // The statement runs in a task of its own: a caller that gives up mid-acquire leaves the
         // task to learn what became of it, so that `abandon` releases exactly what landed.
         let task = tokio::spawn(async move {
-            let outcome = store.acquire_statement(&key, &owner, fingerprint.as_deref(), lease, will_wait).await;
+            let outcome = store.acquire_statement(&key, &owner, fingerprint.as_deref(), taking).await;
             store.landed(&key, &owner, lease, &outcome);
             outcome.map_err(|failed| failed.error)
         });
@@ -193,9 +196,9 @@ impl PgStore {
         key: &str,
         owner: &str,
         fingerprint: Option<&str>,
-        lease: Duration,
-        will_wait: bool,
+        taking: Taking,
     ) -> Result<AcquireOutcome, Failed> {
+        let Taking { lease, will_wait, lapse, keep } = taking;
         let deadline = Instant::now() + self.inner.timeout;
         let timeout = self.inner.timeout;
         let mut conn = self.inner.pool.connection("acquire", deadline).await.map_err(Failed::unsent)?;
@@ -205,7 +208,13 @@ impl PgStore {
                 .bind(owner)
                 .bind(fingerprint)
                 .bind(millis(lease))
-                .bind(will_wait);
+                .bind(will_wait)
+                .bind(match lapse {
+                    Lapse::Free => "0",
+                    Lapse::Count => "1",
+                    Lapse::Hold => "2",
+                })
+                .bind(millis(keep));
             let rows = match tokio::time::timeout_at(deadline, query.fetch_all(&mut *conn)).await {
                 Err(_) => return Err(Failed { error: StoreError::timeout("acquire", timeout), maybe_landed: true }),
                 Ok(Err(e)) => {
@@ -430,6 +439,16 @@ fn start_reaper(inner: std::sync::Weak<Inner>, every: Duration, batch: u32) -> t
     })
 }
 
+/// How an acquire takes its key: what its one-key statement binds besides the key, owner and
+/// fingerprint.
+#[derive(Debug, Clone, Copy)]
+struct Taking {
+    lease: Duration,
+    will_wait: bool,
+    lapse: Lapse,
+    keep: Duration,
+}
+
 /// What a release's statement found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Removed {
@@ -481,6 +500,30 @@ impl Store for PgStore {
         releases: &'a [(&'a str, &'a str)],
     ) -> StoreFuture<'a, Vec<Result<Transition, StoreError>>> {
         StoreFuture::new(self.release_many_inner(releases))
+    }
+
+    fn keeps_attempts(&self) -> bool {
+        true
+    }
+
+    fn fail<'a>(&'a self, request: FailRequest<'a>) -> StoreFuture<'a, Result<Transition, StoreError>> {
+        StoreFuture::new(self.fail_inner(request))
+    }
+
+    fn fail_many<'a>(
+        &'a self,
+        requests: &'a [FailRequest<'a>],
+    ) -> StoreFuture<'a, Vec<Result<Transition, StoreError>>> {
+        StoreFuture::new(self.fail_many_inner(requests))
+    }
+
+    fn resolve<'a>(
+        &'a self,
+        key: &'a str,
+        holder: Option<&'a str>,
+        resolution: Resolution<'a>,
+    ) -> StoreFuture<'a, Result<Resolved, StoreError>> {
+        StoreFuture::new(self.resolve_inner(key, holder, resolution))
     }
 
     /// Releases in the background, owner-checked. An acquire still in flight is left to its own

@@ -10,10 +10,23 @@ pub(super) fn found(row: Option<&PgRow>, will_wait: bool) -> Result<Option<Acqui
     let found: &str = row.try_get("found").map_err(get_err)?;
     let fingerprint = || row.try_get::<Option<String>, _>("fingerprint").map_err(get_err);
     let left = || row.try_get::<i64, _>("left_ms").map(|ms| Duration::from_millis(ms.max(0) as u64)).map_err(get_err);
+    let attempt =
+        || row.try_get::<Option<i32>, _>("attempt").map(|a| a.map_or(1, |a| a.max(0) as u32)).map_err(get_err);
     Ok(Some(match found {
         "A" => match row.try_get::<Option<i64>, _>("fence").map_err(get_err)? {
-            Some(fence) => AcquireOutcome::Acquired { fence: fence as u64 },
+            Some(fence) => AcquireOutcome::Acquired { fence: fence as u64, attempt: attempt()? },
             None => return Ok(None),
+        },
+        "F" => AcquireOutcome::GaveUp {
+            fingerprint: fingerprint()?,
+            attempts: attempt()?,
+            last_error: row.try_get::<Option<String>, _>("last_error").map_err(get_err)?.unwrap_or_default(),
+        },
+        "U" => AcquireOutcome::Unknown {
+            fingerprint: fingerprint()?,
+            owner: row.try_get::<Option<String>, _>("owner").map_err(get_err)?.unwrap_or_default(),
+            lease_ended_ms: row.try_get::<Option<i64>, _>("lease_end_ms").map_err(get_err)?.unwrap_or(0).max(0) as u64,
+            attempt: attempt()?,
         },
         "P" => {
             let watched: bool = row.try_get("watched").map_err(get_err)?;
@@ -34,26 +47,52 @@ pub(super) fn found(row: Option<&PgRow>, will_wait: bool) -> Result<Option<Acqui
     }))
 }
 
+/// A state as the statements name it: the row's own, or 'U' for unknown.
 pub(super) fn record_state(state: &str) -> RecordState {
-    if state == "P" {
-        RecordState::InProgress
-    } else {
-        RecordState::Completed
+    match state {
+        "P" => RecordState::InProgress,
+        "R" => RecordState::Released,
+        "F" => RecordState::Failed,
+        "U" => RecordState::Unknown,
+        _ => RecordState::Completed,
     }
 }
 
 /// A row of `inspect` or `scan` as operators see it.
 pub(super) fn view(row: &PgRow) -> Result<RecordView, sqlx::Error> {
-    let state = record_state(row.try_get("state")?);
-    let owner: Option<String> = row.try_get("owner")?;
+    let letter: &str = row.try_get("state")?;
+    let lapsed: bool = row.try_get::<Option<bool>, _>("lapsed")?.unwrap_or(false);
+    let hold: bool = row.try_get("hold")?;
+    let state = match (letter, lapsed) {
+        ("P", true) if hold => RecordState::Unknown,
+        ("P", true) => RecordState::Released,
+        (letter, _) => record_state(letter),
+    };
+    let in_progress = letter == "P";
+    let owner: Option<String> = row.try_get::<Option<String>, _>("owner")?.filter(|_| in_progress);
     let result: Option<Vec<u8>> = row.try_get("result")?;
     let left: i64 = row.try_get("left_ms")?;
+    let lease_end_ms: Option<i64> = row.try_get("lease_end_ms")?;
+    let attempt: Option<i32> = row.try_get("attempt")?;
+    let last_error: Option<String> = row.try_get("last_error")?;
     Ok(RecordView {
         key: unstored(row.try_get("key")?).into_owned(),
         state,
-        fence: row.try_get::<Option<i64>, _>("fence")?.map(|f| f as u64),
+        fence: row.try_get::<Option<i64>, _>("fence")?.filter(|f| *f != 0).map(|f| f as u64),
         started_ms: owner.as_deref().and_then(crate::ids::started_ms),
         owner,
+        attempts: match letter {
+            "P" => lease_end_ms.map(|_| attempt.unwrap_or(1).max(0) as u32),
+            "R" | "F" => Some(attempt.unwrap_or(0).max(0) as u32),
+            _ => None,
+        },
+        last_error: match (letter, lapsed && !hold) {
+            ("R" | "F", _) => last_error.filter(|e| !e.is_empty()),
+            (_, true) => Some(crate::store::LAPSED.to_owned()),
+            _ => None,
+        },
+        lease_end_ms: lease_end_ms.map(|ms| ms.max(0) as u64),
+        holds: hold,
         stored_ms: row.try_get::<Option<i64>, _>("stored_ms")?.map(|ms| ms as u64),
         ttl: Some(Duration::from_millis(left.max(0) as u64)),
         fingerprint: row.try_get("fingerprint")?,

@@ -43,6 +43,8 @@ pub(crate) struct Statements {
     pub(crate) tx_remove: String,
     pub(crate) tx_commit_many: String,
     pub(crate) inspect: String,
+    /// The transitions of failed attempts and unknown outcomes (`failures.rs`).
+    pub(crate) failures: super::failures::Statements,
     pub(crate) forget: String,
     pub(crate) scan: String,
     pub(crate) reap: String,
@@ -55,6 +57,52 @@ pub(crate) struct Statements {
 /// Milliseconds from now to `at`, as `bigint` (negative once past).
 const LEFT_MS: &str = "(extract(epoch FROM ({at} - statement_timestamp())) * 1000)::bigint";
 
+/// The lease's end a row `{r}` keeps, as unix ms (NULL where it keeps none).
+pub(super) const LEASE_END_MS: &str = "(extract(epoch FROM {r}lease_end) * 1000)::bigint";
+
+/// What a completed row keeps none of: the columns of attempts, cleared.
+pub(super) const CLEARED: &str = "attempt = NULL, lease_end = NULL, hold = false, last_error = NULL";
+
+/// Whether the row `{prefix}` is in progress past the lease's end it keeps (its holder stopped).
+pub(super) fn lapsed(prefix: &str) -> String {
+    format!("({prefix}state = 'P' AND coalesce({prefix}lease_end <= statement_timestamp(), false))")
+}
+
+/// Whether the next acquire takes the row `{prefix}` as a new attempt (besides an expired one):
+/// the record of failed attempts, or one in progress past its lease's end and not held.
+pub(super) fn takeable(prefix: &str) -> String {
+    format!(
+        "({prefix}expires_at <= statement_timestamp() OR {prefix}state = 'R' OR ({} AND NOT {prefix}hold))",
+        lapsed(prefix)
+    )
+}
+
+/// The row `{prefix}`'s state as operators see it: 'U' for unknown (held past its lease's end),
+/// 'R' for one past its lease's end and not held (an attempt counted), its own otherwise.
+pub(super) fn shown_state(prefix: &str) -> String {
+    format!("CASE WHEN {} THEN (CASE WHEN {prefix}hold THEN 'U' ELSE 'R' END) ELSE {prefix}state END", lapsed(prefix))
+}
+
+/// Whether the row `{prefix}` is held by `owner` and counts attempts before this one: it keeps
+/// its lease's end, lives past it, and is not the key's first attempt.
+fn counts_earlier(prefix: &str, owner: &str) -> String {
+    format!(
+        "({prefix}state = 'P' AND {prefix}owner = {owner} AND {prefix}expires_at > statement_timestamp() \
+         AND coalesce({prefix}attempt, 1) > 1 AND coalesce({prefix}expires_at > {prefix}lease_end, false))"
+    )
+}
+
+/// A row in progress made the record of the attempts before its own (its owner kept): `SET`'s
+/// list, for the row `{r}`.
+const RELEASED_SET: &str = "state = 'R', attempt = {r}attempt - 1, fence = 0, fingerprint = NULL, result = NULL, \
+    stored_at = statement_timestamp(), expires_at = statement_timestamp() + ({r}expires_at - {r}lease_end), \
+    lease_end = NULL, hold = false, last_error = ''";
+
+/// The lease left of the row `{prefix}` in ms: to the end it keeps, or to its expiry.
+fn lease_left(prefix: &str) -> String {
+    LEFT_MS.replace("{at}", &format!("coalesce({prefix}lease_end, {prefix}expires_at)"))
+}
+
 impl Statements {
     pub(crate) fn new(schema: &str, table: &str) -> Statements {
         let t = format!("\"{schema}\".\"{table}\"");
@@ -65,60 +113,92 @@ impl Statements {
         let left = |at: &str| LEFT_MS.replace("{at}", at);
         let lease = "statement_timestamp() + $4::bigint * interval '1 millisecond'";
 
-        // $1 key, $2 owner, $3 fingerprint, $4 lease (ms), $5 will wait.
-        // Takes an absent key (the INSERT), or one whose row has expired (the UPDATE); the fencing
-        // token is drawn in RETURNING, after the row is written: a later holder's row can only be
-        // written after this one is gone, so its token is drawn later, and is larger. Otherwise
+        // $1 key, $2 owner, $3 fingerprint, $4 lease (ms), $5 will wait, $6 what the key becomes if
+        // the lease runs out ('0' free, '1' free with the attempt counted, '2' held), $7 keep (ms).
+        // Takes an absent key (the INSERT), or one whose row has expired, or holds the record of
+        // failed attempts ('R'), or is in progress past the lease's end it keeps and not held (the
+        // UPDATE: the attempt after the row's); the fencing token is drawn in RETURNING, after the
+        // row is written: a later holder's row can only be written after this one is gone, so
+        // its token is drawn later, and is larger. A row that keeps its lease's end (`lease_end`;
+        // asked for by $6, or not the key's first attempt) lives `keep` past it. Otherwise
         // reports the row as the statement's snapshot shows it (marking it watched for a caller
         // that will wait): `found` is 'A' (acquired, also a re-sent acquire finding its own row,
-        // which draws a token while it holds the key), 'P', 'C', or 'X' (the row changed between
-        // the snapshot and the write: the caller runs the statement again); no row at all means
-        // the same.
+        // which draws a token while it holds the key), 'P', 'C', 'F' (given up), 'U' (unknown: held
+        // past its lease's end), or 'X' (the row changed between the snapshot and the write: the
+        // caller runs the statement again); no row at all means the same.
+        let keeps_end = "($6 <> '0' OR expires_at > statement_timestamp())";
         let acquire = format!(
             "WITH ins AS (
-                INSERT INTO {t} (key, state, owner, fingerprint, expires_at)
-                VALUES ($1, 'P', $2, $3, {lease})
+                INSERT INTO {t} (key, state, owner, fingerprint, expires_at, attempt, lease_end, hold)
+                VALUES ($1, 'P', $2, $3,
+                    {lease} + CASE WHEN $6 = '0' THEN interval '0' ELSE $7::bigint * interval '1 millisecond' END,
+                    1, CASE WHEN $6 <> '0' THEN {lease} END, $6 = '2')
                 ON CONFLICT (key) DO NOTHING
-                RETURNING {seq} AS fence
+                RETURNING {seq} AS fence, attempt
             ), took AS (
                 UPDATE {t} SET state = 'P', owner = $2, fence = NULL, fingerprint = $3, result = NULL,
-                    stored_at = NULL, expires_at = {lease}, watched = false
-                WHERE key = $1 AND expires_at <= statement_timestamp() AND NOT EXISTS (SELECT FROM ins)
-                RETURNING {seq} AS fence
+                    stored_at = NULL, last_error = NULL, hold = $6 = '2',
+                    attempt = CASE WHEN expires_at <= statement_timestamp() THEN 1 ELSE coalesce(attempt, 1) + 1 END,
+                    lease_end = CASE WHEN {keeps_end} THEN {lease} END,
+                    expires_at = {lease}
+                        + CASE WHEN {keeps_end} THEN $7::bigint * interval '1 millisecond' ELSE interval '0' END,
+                    watched = state = 'P' AND expires_at > statement_timestamp() AND watched
+                WHERE key = $1 AND NOT EXISTS (SELECT FROM ins) AND ({takeable}) AND NOT (state = 'P' AND owner = $2
+                    AND expires_at > statement_timestamp())
+                RETURNING {seq} AS fence, attempt
             ), marked AS (
                 UPDATE {t} SET watched = true
                 WHERE $5 AND key = $1 AND state = 'P' AND owner <> $2 AND NOT watched
-                    AND expires_at > statement_timestamp() AND NOT EXISTS (SELECT FROM ins)
+                    AND expires_at > statement_timestamp() AND NOT {lapsed} AND NOT EXISTS (SELECT FROM ins)
                 RETURNING 1
             )
             SELECT 'A' AS found, fence, NULL::text AS fingerprint, NULL::bytea AS result, 0::bigint AS left_ms,
-                false AS watched, 0::bigint AS marked FROM ins
+                false AS watched, 0::bigint AS marked, attempt, NULL::text AS owner, NULL::text AS last_error,
+                NULL::bigint AS lease_end_ms FROM ins
             UNION ALL
-            SELECT 'A', fence, NULL, NULL, 0, false, 0 FROM took
+            SELECT 'A', fence, NULL, NULL, 0, false, 0, attempt, NULL, NULL, NULL FROM took
             UNION ALL
             SELECT CASE
                     WHEN r.expires_at <= statement_timestamp() THEN 'X'
                     WHEN r.state = 'P' AND r.owner = $2 THEN 'A'
+                    WHEN {takeable_r} THEN 'X'
+                    WHEN {lapsed_r} THEN 'U'
                     ELSE r.state END,
                 CASE WHEN r.state = 'P' AND r.owner = $2 AND r.expires_at > statement_timestamp() THEN {seq} END,
-                r.fingerprint, r.result, {left_r}, r.watched, (SELECT count(*) FROM marked)
+                r.fingerprint, r.result, {left_r}, r.watched, (SELECT count(*) FROM marked),
+                coalesce(r.attempt, 1), r.owner, r.last_error, {lease_end_ms_r}
             FROM {t} r
             WHERE r.key = $1 AND NOT EXISTS (SELECT FROM ins) AND NOT EXISTS (SELECT FROM took)",
-            left_r = left("r.expires_at"),
+            takeable = takeable(""),
+            takeable_r = takeable("r."),
+            lapsed = lapsed(""),
+            lapsed_r = lapsed("r."),
+            left_r = lease_left("r."),
+            lease_end_ms_r = LEASE_END_MS.replace("{r}", "r."),
         );
 
-        // $1 keys, $2 owners, $3 leases (ms): the leases still held, as (key, owner).
+        // $1 keys, $2 owners, $3 leases (ms): the leases still held, as (key, owner). A row that
+        // keeps its lease's end gets a new one and lives as long past it as before; one whose end
+        // has passed is not renewed (its holder stopped: the next acquire decides what that means).
         let renew = format!(
-            "UPDATE {t} AS r SET expires_at = statement_timestamp() + l.lease * interval '1 millisecond'
+            "UPDATE {t} AS r SET
+                lease_end = CASE WHEN r.lease_end IS NOT NULL
+                    THEN statement_timestamp() + l.lease * interval '1 millisecond' END,
+                expires_at = statement_timestamp() + l.lease * interval '1 millisecond'
+                    + coalesce(r.expires_at - r.lease_end, interval '0')
             FROM unnest($1::text[], $2::text[], $3::bigint[]) AS l(key, owner, lease)
             WHERE r.key = l.key AND r.state = 'P' AND r.owner = l.owner AND r.expires_at > statement_timestamp()
-            RETURNING r.key, r.owner"
+                AND NOT {lapsed_r}
+            RETURNING r.key, r.owner",
+            lapsed_r = lapsed("r."),
         );
 
         // $1 key, $2 owner, $3 fence, $4 fingerprint, $5 result, $6 keep (ms, > 0).
-        // In progress by this owner, absent or expired: completed. Completed by this acquisition
-        // already (a repeated commit): written again, so that `keep` counts from this commit, as
-        // the caller's replay cache does. Anything else: nothing (`done` = 0, lost).
+        // In progress by this owner (its lease's end passed or not), absent, expired, or released
+        // by a later attempt that failed: completed. Completed by this acquisition already (a
+        // repeated commit): written again, so that `keep` counts from this commit, as the caller's
+        // replay cache does. Anything else (another holder, a key given up): nothing (`done` = 0,
+        // lost).
         let commit = format!(
             "WITH up AS (
                 INSERT INTO {t} AS r (key, state, owner, fence, fingerprint, result, stored_at, expires_at)
@@ -126,28 +206,39 @@ impl Statements {
                     statement_timestamp() + $6::bigint * interval '1 millisecond')
                 ON CONFLICT (key) DO UPDATE SET state = 'C', owner = NULL, fence = excluded.fence,
                     fingerprint = excluded.fingerprint, result = excluded.result, stored_at = excluded.stored_at,
-                    expires_at = excluded.expires_at
-                WHERE (r.state = 'P' AND r.owner = $2) OR r.expires_at <= statement_timestamp()
+                    expires_at = excluded.expires_at, {cleared}
+                WHERE (r.state = 'P' AND r.owner = $2) OR r.expires_at <= statement_timestamp() OR r.state = 'R'
                     OR (r.state = 'C' AND r.fence = $3)
                 RETURNING r.watched
             )
             SELECT (SELECT count(*) FROM up) AS done,
-                (SELECT count(*) FROM (SELECT pg_notify('{watch_channel}', $1) FROM up WHERE watched) n) AS notified"
+                (SELECT count(*) FROM (SELECT pg_notify('{watch_channel}', $1) FROM up WHERE watched) n) AS notified",
+            cleared = CLEARED,
         );
 
-        // $1 key, $2 owner: release, and commit with keep = 0. The row held by this owner goes
-        // (an expired one too, anyone's); `released` says ours went, `other` that a live row of
-        // someone else's is there (lost). Neither: the key was absent, done.
+        // $1 key, $2 owner: a release, and a commit with keep = 0. The row held by this owner goes
+        // (an expired one too, anyone's), unless it counts attempts before this one (it keeps its
+        // lease's end and lives past it): then it becomes the record of those ('R', this attempt
+        // not counted), kept as long past now as it was past its lease's end. `released` says ours
+        // went, `other` that a live row of someone else's is there (lost; a record of failed
+        // attempts by this owner is its own release, repeated). Neither: the key was absent, done.
         let remove = format!(
-            "WITH gone AS (
+            "WITH kept AS (
+                UPDATE {t} SET {released}
+                WHERE key = $1 AND {counts}
+                RETURNING watched
+            ), gone AS (
                 DELETE FROM {t}
-                WHERE key = $1 AND ((state = 'P' AND owner = $2) OR expires_at <= statement_timestamp())
+                WHERE key = $1 AND ((state = 'P' AND owner = $2 AND NOT {counts}) OR expires_at <= statement_timestamp())
                 RETURNING watched, state = 'P' AND owner = $2 AND expires_at > statement_timestamp() AS ours
             )
-            SELECT EXISTS (SELECT FROM gone WHERE ours) AS released,
+            SELECT EXISTS (SELECT FROM gone WHERE ours) OR EXISTS (SELECT FROM kept) AS released,
                 EXISTS (SELECT FROM {t} WHERE key = $1 AND expires_at > statement_timestamp()
-                    AND NOT (state = 'P' AND owner = $2)) AS other,
-                (SELECT count(*) FROM (SELECT pg_notify('{watch_channel}', $1) FROM gone WHERE watched) n) AS notified"
+                    AND NOT (state IN ('P', 'R') AND owner = $2)) AS other,
+                (SELECT count(*) FROM (SELECT pg_notify('{watch_channel}', $1)
+                    FROM (SELECT watched FROM gone UNION ALL SELECT watched FROM kept) w WHERE watched) n) AS notified",
+            released = RELEASED_SET.replace("{r}", ""),
+            counts = counts_earlier("", "$2"),
         );
 
         // In the body's transaction, $1 key, $2 owner, $3 fence, $4 fingerprint, $5 result, $6 keep
@@ -159,12 +250,13 @@ impl Statements {
             "WITH up AS (
                 UPDATE {t} SET state = 'C', owner = NULL, fence = $3, fingerprint = $4, result = $5,
                     stored_at = statement_timestamp(),
-                    expires_at = statement_timestamp() + $6::bigint * interval '1 millisecond'
+                    expires_at = statement_timestamp() + $6::bigint * interval '1 millisecond', {cleared}
                 WHERE key = $1 AND state = 'P' AND owner = $2
                 RETURNING watched
             )
             SELECT (SELECT count(*) FROM up) AS done,
-                (SELECT count(*) FROM (SELECT pg_notify('{watch_channel}', $1) FROM up WHERE watched) n) AS notified"
+                (SELECT count(*) FROM (SELECT pg_notify('{watch_channel}', $1) FROM up WHERE watched) n) AS notified",
+            cleared = CLEARED,
         );
         // The same with keep = 0: the row goes.
         let tx_remove = format!(
@@ -175,22 +267,28 @@ impl Statements {
 
         let columns = format!(
             "key, state, owner, fence, fingerprint, result, (extract(epoch FROM stored_at) * 1000)::bigint AS stored_ms, \
-             {} AS left_ms, watched",
-            left("expires_at")
+             {} AS left_ms, watched, attempt, last_error, hold, {} AS lease_end_ms, {} AS lapsed",
+            left("expires_at"),
+            LEASE_END_MS.replace("{r}", ""),
+            lapsed(""),
         );
         let inspect = format!("SELECT {columns} FROM {t} WHERE key = $1 AND expires_at > statement_timestamp()");
 
-        // $1 key, $2 forced: deletes a completed row (an in-progress one when forced), waking its
-        // waiters and telling every process following purges.
+        // $1 key, $2 forced: deletes a row that is not in progress (completed, released, failed,
+        // or past the lease's end it keeps), or an in-progress one when forced, waking its waiters
+        // and telling every process following purges. States as operators see them ('U' unknown).
         let forget = format!(
             "WITH gone AS (
-                DELETE FROM {t} WHERE key = $1 AND expires_at > statement_timestamp() AND (state = 'C' OR $2)
-                RETURNING state, watched
+                DELETE FROM {t} WHERE key = $1 AND expires_at > statement_timestamp()
+                    AND (state <> 'P' OR $2 OR {lapsed})
+                RETURNING {shown} AS state, watched
             )
             SELECT (SELECT state FROM gone) AS deleted,
-                (SELECT state FROM {t} WHERE key = $1 AND expires_at > statement_timestamp()) AS found,
+                (SELECT {shown} FROM {t} WHERE key = $1 AND expires_at > statement_timestamp()) AS found,
                 (SELECT count(*) FROM (SELECT pg_notify('{watch_channel}', $1) FROM gone WHERE watched) w)
-                + (SELECT count(*) FROM (SELECT pg_notify('{purge_channel}', $1) FROM gone) p) AS notified"
+                + (SELECT count(*) FROM (SELECT pg_notify('{purge_channel}', $1) FROM gone) p) AS notified",
+            lapsed = lapsed(""),
+            shown = shown_state(""),
         );
 
         // $1 prefix, $2 last key of the previous page ('' on the first), $3 rows: a page in key
@@ -229,29 +327,37 @@ impl Statements {
                 RETURNING key, owner, {seq} AS fence
             ), took AS (
                 UPDATE {t} AS r SET state = 'P', owner = q.owner, fence = NULL, fingerprint = q.fingerprint,
-                    result = NULL, stored_at = NULL, expires_at = {lease_q}, watched = false
+                    result = NULL, stored_at = NULL, expires_at = {lease_q}, watched = false, {cleared}
                 FROM (SELECT DISTINCT ON (key) * FROM req ORDER BY key, i) q
                 WHERE r.key = q.key AND r.expires_at <= statement_timestamp()
                     AND NOT EXISTS (SELECT FROM ins WHERE ins.key = q.key)
                 RETURNING r.key, r.owner, {seq} AS fence
             )
             SELECT q.i, 'A' AS found, ins.fence, NULL::text AS fingerprint, NULL::bytea AS result,
-                0::bigint AS left_ms, false AS watched, 0::bigint AS marked
+                0::bigint AS left_ms, false AS watched, 0::bigint AS marked, 1 AS attempt, NULL::text AS owner,
+                NULL::text AS last_error, NULL::bigint AS lease_end_ms
             FROM req q JOIN ins ON ins.key = q.key AND ins.owner = q.owner
             UNION ALL
-            SELECT q.i, 'A', took.fence, NULL, NULL, 0, false, 0
+            SELECT q.i, 'A', took.fence, NULL, NULL, 0, false, 0, 1, NULL, NULL, NULL
             FROM req q JOIN took ON took.key = q.key AND took.owner = q.owner
             UNION ALL
             SELECT q.i, CASE
                     WHEN r.expires_at <= statement_timestamp() THEN 'X'
                     WHEN r.state = 'P' AND r.owner = q.owner THEN 'A'
+                    WHEN {takeable_r} THEN 'T'
+                    WHEN {lapsed_r} THEN 'U'
                     ELSE r.state END,
                 CASE WHEN r.state = 'P' AND r.owner = q.owner AND r.expires_at > statement_timestamp() THEN {seq} END,
-                r.fingerprint, r.result, {left_r}, r.watched, 0
+                r.fingerprint, r.result, {left_r}, r.watched, 0, coalesce(r.attempt, 1), r.owner, r.last_error,
+                {lease_end_ms_r}
             FROM req q JOIN {t} r ON r.key = q.key
             WHERE NOT EXISTS (SELECT FROM ins WHERE ins.key = q.key)
                 AND NOT EXISTS (SELECT FROM took WHERE took.key = q.key)",
-            left_r = left("r.expires_at"),
+            left_r = lease_left("r."),
+            takeable_r = takeable("r."),
+            lapsed_r = lapsed("r."),
+            lease_end_ms_r = LEASE_END_MS.replace("{r}", "r."),
+            cleared = CLEARED,
         );
 
         // $1 keys, $2 owners, $3 fences, $4 fingerprints, $5 results, $6 keeps (ms, > 0): `commit`
@@ -266,13 +372,13 @@ impl Statements {
                     WITH ORDINALITY AS q(key, owner, fence, fingerprint, result, keep, i)
             ), up AS (
                 UPDATE {t} AS r SET state = 'C', owner = NULL, fence = q.fence, fingerprint = q.fingerprint,
-                    result = q.result, stored_at = statement_timestamp(), expires_at = {keep_q}
+                    result = q.result, stored_at = statement_timestamp(), expires_at = {keep_q}, {CLEARED}
                 FROM req q"
         );
         let commit_many = format!(
             "{completing}
                 WHERE r.key = q.key AND ((r.state = 'P' AND r.owner = q.owner) OR r.expires_at <= statement_timestamp()
-                    OR (r.state = 'C' AND r.fence = q.fence))
+                    OR r.state = 'R' OR (r.state = 'C' AND r.fence = q.fence))
                 RETURNING r.key, q.owner, r.watched
             ), ins AS (
                 INSERT INTO {t} (key, state, owner, fence, fingerprint, result, stored_at, expires_at)
@@ -292,19 +398,29 @@ impl Statements {
         let remove_many = format!(
             "WITH req AS (
                 SELECT * FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS q(key, owner, i)
+            ), kept AS (
+                UPDATE {t} AS r SET {released}
+                FROM req q
+                WHERE r.key = q.key AND {counts}
+                RETURNING r.key, q.owner, r.watched
             ), gone AS (
                 DELETE FROM {t} AS r USING req q
-                WHERE r.key = q.key AND ((r.state = 'P' AND r.owner = q.owner) OR r.expires_at <= statement_timestamp())
+                WHERE r.key = q.key AND ((r.state = 'P' AND r.owner = q.owner AND NOT {counts})
+                    OR r.expires_at <= statement_timestamp())
                 RETURNING r.key, q.owner, r.watched,
                     r.state = 'P' AND r.owner = q.owner AND r.expires_at > statement_timestamp() AS ours
             ), notified AS (
-                SELECT pg_notify('{watch_channel}', key) FROM gone WHERE watched
+                SELECT pg_notify('{watch_channel}', key)
+                FROM (SELECT key, watched FROM gone UNION ALL SELECT key, watched FROM kept) w WHERE watched
             )
-            SELECT q.i, EXISTS (SELECT FROM gone g WHERE g.key = q.key AND g.owner = q.owner AND g.ours) AS released,
+            SELECT q.i, EXISTS (SELECT FROM gone g WHERE g.key = q.key AND g.owner = q.owner AND g.ours)
+                    OR EXISTS (SELECT FROM kept k WHERE k.key = q.key AND k.owner = q.owner) AS released,
                 EXISTS (SELECT FROM {t} r WHERE r.key = q.key AND r.expires_at > statement_timestamp()
-                    AND NOT (r.state = 'P' AND r.owner = q.owner)) AS other,
+                    AND NOT (r.state IN ('P', 'R') AND r.owner = q.owner)) AS other,
                 (SELECT count(*) FROM notified) AS notified
-            FROM req q"
+            FROM req q",
+            released = RELEASED_SET.replace("{r}", "r."),
+            counts = counts_earlier("r.", "q.owner"),
         );
 
         // In a batch's transaction, $1 keys, $2 owners, $3 fences, $4 fingerprints, $5 results,
@@ -327,6 +443,7 @@ impl Statements {
         );
 
         Statements {
+            failures: super::failures::Statements::new(&t, &watch_channel),
             tx_commit_many,
             acquire_many,
             commit_many,

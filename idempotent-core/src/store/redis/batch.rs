@@ -146,7 +146,8 @@ impl RedisStore {
         let keys: Vec<&str> = requests.iter().map(|r| r.key).collect();
         // Nobody waits and no lifetime is asked for (no replay cache): the plain acquire per key
         // (`claim.lua`), as `acquire_plain` makes it for one call; otherwise acquire.lua per key.
-        let plain = self.inner.plain_acquire && requests.iter().all(|r| !r.will_wait && !r.report_ttl);
+        let plain = self.inner.plain_acquire
+            && requests.iter().all(|r| !r.will_wait && !r.report_ttl && r.lapse == Lapse::Free);
         let pipelined = plain && !self.inner.clustered && requests.iter().all(|r| !r.fence_now);
         let mut found = if pipelined {
             self.claim_pipelined(requests, &keys).await
@@ -189,7 +190,11 @@ impl RedisStore {
                 Err(e) => Err(e),
                 Ok(Err(e)) if e.details().starts_with("WRONGTYPE") => Box::pin(self.acquire_script(&requests[i])).await,
                 Ok(Err(e)) => Err(store_error("acquire", e)),
-                Ok(Ok(set)) => plain_acquire_reply(set, requests[i].owner, 0),
+                Ok(Ok(set)) => match plain_acquire_reply(set, requests[i].owner, 0) {
+                    Ok(None) => Box::pin(self.acquire_script(&requests[i])).await,
+                    Ok(Some(found)) => Ok(found),
+                    Err(e) => Err(e),
+                },
             });
         }
         out
@@ -227,12 +232,16 @@ impl RedisStore {
                 Ok(None) => Box::pin(self.acquire_script(&requests[i])).await,
                 Ok(Some(Value::Array(items))) => match (items[0].as_i64(), &items[1]) {
                     (Some(0), fence) => match fence.as_i64() {
-                        Some(fence) if fence >= 0 => Ok(AcquireOutcome::Acquired { fence: fence as u64 }),
+                        Some(fence) if fence >= 0 => Ok(AcquireOutcome::Acquired { fence: fence as u64, attempt: 1 }),
                         _ => Err(StoreError::reply("acquire", format_args!("unexpected fence {fence:?}"))),
                     },
                     // The record the key holds (never nil: claim.lua returns it only when set).
                     (Some(1), held @ (Value::String(_) | Value::Bytes(_))) => {
-                        plain_acquire_reply(held.clone(), owner, 0)
+                        match plain_acquire_reply(held.clone(), owner, 0) {
+                            Ok(None) => Box::pin(self.acquire_script(&requests[i])).await,
+                            Ok(Some(found)) => Ok(found),
+                            Err(e) => Err(e),
+                        }
                     }
                     (_, other) => Err(StoreError::reply("acquire", format_args!("unexpected reply {other:?}"))),
                 },
@@ -249,7 +258,8 @@ impl RedisStore {
         keys: &[&str],
     ) -> Vec<Result<AcquireOutcome, StoreError>> {
         let args = |i: usize, out: &mut Vec<Value>| out.extend(acquire_args(&requests[i]));
-        self.grouped("acquire", &scripts::ACQUIRE_MANY, keys, 5, args, replies::acquire).await
+        let per_key = acquire_args(&requests[0]).len();
+        self.grouped("acquire", &scripts::ACQUIRE_MANY, keys, per_key, args, replies::acquire).await
     }
 
     pub(super) async fn commit_many_inner(
@@ -261,14 +271,17 @@ impl RedisStore {
         let pending = |r: &CommitRequest<'_>| record::pending(r.owner, r.fingerprint);
         let completed = |r: &CommitRequest<'_>| record::completed(r.fence, r.owner, r.fingerprint, now, r.result);
         let mut done: Vec<Option<Result<Transition, StoreError>>> = (0..keys.len()).map(|_| None).collect();
-        // `SET IFEQ` per key where a single call's commit would send it; the keys it did not set
-        // (anything but this owner's pending record there) go to the script, which decides.
-        let compare_and_set = self.inner.compare_and_set.load(Ordering::Relaxed)
-            && !self.inner.clustered
-            && requests.iter().all(|r| !r.keep.is_zero());
-        if compare_and_set {
-            let args = |i: usize| {
-                let r = &requests[i];
+        // `SET IFEQ` per key where a single call's commit would send it (a record that keeps its
+        // lease's end goes to the script at once); the keys it did not set (anything but this
+        // owner's pending record there) go to the script, which decides.
+        let compare_and_set = self.inner.compare_and_set.load(Ordering::Relaxed) && !self.inner.clustered;
+        let plain: Vec<usize> = (0..keys.len())
+            .filter(|&i| compare_and_set && !requests[i].keep.is_zero() && !requests[i].lease_in_record)
+            .collect();
+        if !plain.is_empty() {
+            let plain_keys: Vec<&str> = plain.iter().map(|&i| keys[i]).collect();
+            let args = |j: usize| {
+                let r = &requests[plain[j]];
                 [
                     Value::Bytes(completed(r).into()),
                     "IFEQ".into(),
@@ -277,7 +290,7 @@ impl RedisStore {
                     millis(r.keep).into(),
                 ]
             };
-            for (i, reply) in self.set_pipelined("commit", &keys, args).await.into_iter().enumerate() {
+            for (&i, reply) in plain.iter().zip(self.set_pipelined("commit", &plain_keys, args).await) {
                 // Not set: the script decides.
                 done[i] = match reply.and_then(|reply| self.compare_and_set_reply(reply)) {
                     Ok(true) => Some(Ok(Transition::Done)),
@@ -318,5 +331,13 @@ impl RedisStore {
         let args = |i: usize, out: &mut Vec<Value>| out.push(releases[i].1.into());
         let read = |reply| replies::transition("release", reply);
         self.grouped("release", &scripts::RELEASE_MANY, &keys, 1, args, read).await
+    }
+
+    pub(super) async fn fail_many_inner(&self, requests: &[FailRequest<'_>]) -> Vec<Result<Transition, StoreError>> {
+        let keys: Vec<&str> = requests.iter().map(|r| r.key).collect();
+        let args = |i: usize, out: &mut Vec<Value>| out.extend(fail_args(&requests[i]));
+        let read = |reply| replies::transition("fail", reply);
+        let per_key = requests.first().map_or(0, |r| fail_args(r).len());
+        self.grouped("fail", &scripts::FAIL_MANY, &keys, per_key, args, read).await
     }
 }

@@ -18,8 +18,8 @@ use fred::types::{CustomCommand, Expiration, SetOptions};
 use tokio::sync::OnceCell;
 
 use super::{
-    join_all, within, AcquireOutcome, AcquireRequest, CommitRequest, Forgotten, Inspected, Lease, PurgeHandler,
-    ScanPage, Store, StoreFuture, Transition, Watcher, Within,
+    join_all, within, AcquireOutcome, AcquireRequest, CommitRequest, FailRequest, Forgotten, Inspected, Lapse, Lease,
+    PurgeHandler, Resolution, Resolved, ScanPage, Store, StoreFuture, Transition, Watcher, Within,
 };
 use crate::error::{StoreError, StoreErrorKind};
 use crate::telemetry::logged_key;
@@ -188,7 +188,9 @@ impl RedisStore {
         // A caller that needs the record's lifetime (a replay cache, a waiter) takes the script,
         // which reads it with the record: a `PTTL` sent behind a plain `SET NX GET` could read the
         // record of the next holder if this one ended in between (a stall splitting the pipeline).
-        let found = if !req.will_wait && !req.report_ttl && self.inner.plain_acquire {
+        // A record that keeps its lease's end is written by the script, which stamps the end by
+        // the server's clock.
+        let found = if !req.will_wait && !req.report_ttl && self.inner.plain_acquire && req.lapse == Lapse::Free {
             self.acquire_plain(&req).await
         } else {
             self.acquire_script(&req).await
@@ -262,11 +264,11 @@ impl RedisStore {
         })
         .await?;
         let (set, now_us) = replies;
-        match set {
-            // Rare (something other than a string at the key): boxed, so that the plain path's
-            // future does not carry the script's.
-            None => Box::pin(self.acquire_script(req)).await,
-            Some(reply) => plain_acquire_reply(reply, req.owner, now_us),
+        match set.map(|reply| plain_acquire_reply(reply, req.owner, now_us)).transpose()? {
+            // Rare (something other than a string at the key, or a record only the script can
+            // decide on): boxed, so that the plain path's future does not carry the script's.
+            None | Some(None) => Box::pin(self.acquire_script(req)).await,
+            Some(Some(found)) => Ok(found),
         }
     }
 
@@ -308,7 +310,8 @@ impl RedisStore {
         let pending = record::pending(req.owner, req.fingerprint);
         let completed =
             bytes::Bytes::from(record::completed(req.fence, req.owner, req.fingerprint, unix_ms_now(), req.result));
-        let compare_and_set = !req.keep.is_zero() && self.inner.compare_and_set.load(Ordering::Relaxed);
+        let compare_and_set =
+            !req.keep.is_zero() && !req.lease_in_record && self.inner.compare_and_set.load(Ordering::Relaxed);
         if compare_and_set && self.commit_compare_and_set(&req, &pending, &completed).await? {
             self.replicated("commit", req.key).await?;
             return Ok(Transition::Done);
@@ -394,6 +397,34 @@ impl RedisStore {
     async fn release_inner(&self, key: &str, owner: &str) -> Result<Transition, StoreError> {
         let reply = self.script("release", &scripts::RELEASE, key, || vec![owner.into()]).await?;
         replies::transition("release", reply)
+    }
+
+    async fn fail_inner(&self, req: FailRequest<'_>) -> Result<Transition, StoreError> {
+        let reply = self.script("fail", &scripts::FAIL, req.key, || fail_args(&req).into()).await?;
+        replies::transition("fail", reply)
+    }
+
+    async fn resolve_inner(
+        &self,
+        key: &str,
+        holder: Option<&str>,
+        resolution: Resolution<'_>,
+    ) -> Result<Resolved, StoreError> {
+        let (how, replayable, result) = match resolution {
+            Resolution::Completed(Some(result)) => ("completed", "1", result),
+            Resolution::Completed(None) => ("completed", "0", &b""[..]),
+            Resolution::Release => ("release", "0", &b""[..]),
+        };
+        let args = || {
+            vec![
+                holder.unwrap_or("").into(),
+                how.into(),
+                replayable.into(),
+                Value::Bytes(bytes::Bytes::copy_from_slice(result)),
+                crate::store::RESOLVED_RELEASED.into(),
+            ]
+        };
+        replies::resolved(self.script("resolve", &scripts::RESOLVE, key, args).await?)
     }
 
     /// Releases `owner`'s hold on `key` in the background, for a caller that gave up. The release
@@ -543,10 +574,11 @@ fn unix_ms_now() -> u64 {
 }
 
 /// What a plain acquire's `SET ... NX GET` answered, as the acquire script would report it:
-/// nothing there (acquired, the fence `now_us`: 0 when left unread), or the record the key holds.
-fn plain_acquire_reply(set: Value, owner: &str, now_us: u64) -> Result<AcquireOutcome, StoreError> {
+/// nothing there (acquired, the fence `now_us`: 0 when left unread), or the record the key holds;
+/// `None` when only the script can decide on that record (see `record::found`).
+fn plain_acquire_reply(set: Value, owner: &str, now_us: u64) -> Result<Option<AcquireOutcome>, StoreError> {
     match set {
-        Value::Null => Ok(AcquireOutcome::Acquired { fence: now_us }),
+        Value::Null => Ok(Some(AcquireOutcome::Acquired { fence: now_us, attempt: 1 })),
         Value::String(s) => Ok(record::found(s.as_bytes(), owner, now_us, None)),
         Value::Bytes(b) => Ok(record::found(&b, owner, now_us, None)),
         other => Err(StoreError::reply("acquire", format_args!("unexpected reply {other:?}"))),
@@ -599,6 +631,30 @@ impl Store for RedisStore {
         requests: &'a [AcquireRequest<'a>],
     ) -> StoreFuture<'a, Vec<Result<AcquireOutcome, StoreError>>> {
         StoreFuture::new(self.acquire_many_inner(requests))
+    }
+
+    fn keeps_attempts(&self) -> bool {
+        true
+    }
+
+    fn fail<'a>(&'a self, request: FailRequest<'a>) -> StoreFuture<'a, Result<Transition, StoreError>> {
+        StoreFuture::new(self.fail_inner(request))
+    }
+
+    fn fail_many<'a>(
+        &'a self,
+        requests: &'a [FailRequest<'a>],
+    ) -> StoreFuture<'a, Vec<Result<Transition, StoreError>>> {
+        StoreFuture::new(self.fail_many_inner(requests))
+    }
+
+    fn resolve<'a>(
+        &'a self,
+        key: &'a str,
+        holder: Option<&'a str>,
+        resolution: Resolution<'a>,
+    ) -> StoreFuture<'a, Result<Resolved, StoreError>> {
+        StoreFuture::new(self.resolve_inner(key, holder, resolution))
     }
 
     fn commit_many<'a>(
@@ -679,13 +735,33 @@ mod without_tls {
 }
 
 /// acquire.lua's arguments for `req` (see the script).
-fn acquire_args(req: &AcquireRequest<'_>) -> [Value; 5] {
+fn acquire_args(req: &AcquireRequest<'_>) -> [Value; 7] {
     [
         req.owner.into(),
         millis(req.lease).into(),
         req.fingerprint.unwrap_or("").into(),
         if req.will_wait { "1" } else { "0" }.into(),
         if req.report_ttl { "1" } else { "0" }.into(),
+        match req.lapse {
+            Lapse::Free => "0",
+            Lapse::Count => "1",
+            Lapse::Hold => "2",
+        }
+        .into(),
+        millis(req.keep).into(),
+    ]
+}
+
+/// fail.lua's arguments for `req` (see the script).
+fn fail_args(req: &FailRequest<'_>) -> [Value; 7] {
+    [
+        req.owner.into(),
+        i64::from(req.attempt).into(),
+        millis(req.keep).into(),
+        if req.give_up { "1" } else { "0" }.into(),
+        req.fingerprint.unwrap_or("").into(),
+        crate::store::error_text(req.error).into(),
+        i64::try_from(unix_ms_now()).unwrap_or(i64::MAX).into(),
     ]
 }
 

@@ -34,10 +34,11 @@ impl RedisStore {
 
     pub(super) async fn inspect_inner(&self, key: &str) -> Result<Inspected, StoreError> {
         let record_key = self.record_key(key);
-        let (got, ttl) = within("inspect", self.inner.timeout, self.read(self.client_for(key), &record_key)).await?;
+        let (got, ttl, now) =
+            within("inspect", self.inner.timeout, self.read(self.client_for(key), &record_key)).await?;
         Ok(match got {
             Ok(None) => Inspected::Absent,
-            Ok(Some(bytes)) => match record::view(key, &bytes, Some(ttl)) {
+            Ok(Some(bytes)) => match record::view(key, &bytes, Some(ttl), now) {
                 Ok(view) => Inspected::Record(view),
                 Err(reason) => Inspected::Foreign { reason: reason.to_owned() },
             },
@@ -107,12 +108,12 @@ impl RedisStore {
             let Some(key) = keys::full_key_of(&self.inner.prefix, record_key) else { continue };
             match got? {
                 // Gone between the SCAN and the GET.
-                (Ok(None), _) => {}
-                (Ok(Some(bytes)), ttl) => match record::view(key, &bytes, Some(ttl)) {
+                (Ok(None), _, _) => {}
+                (Ok(Some(bytes)), ttl, now) => match record::view(key, &bytes, Some(ttl), now) {
                     Ok(view) => page.records.push(view),
                     Err(reason) => page.foreign.push((key.to_owned(), reason.to_owned())),
                 },
-                (Err(reason), _) => page.foreign.push((key.to_owned(), reason)),
+                (Err(reason), _, _) => page.foreign.push((key.to_owned(), reason)),
             }
         }
         page.next = if next_cursor != "0" {

@@ -47,15 +47,22 @@ pub(crate) fn completed(
 /// A record's fields, borrowed from its bytes ('' for empty ones).
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Record<'a> {
-    /// `P` or `C`.
+    /// `P`, `C`, `R` or `F`.
     pub state: u8,
     pub fence: u64,
     pub owner: &'a [u8],
     pub fingerprint: &'a [u8],
-    /// C: when it was stored (unix ms, the committing client's clock).
+    /// C, R, F: when it was stored (unix ms).
     pub stored_ms: Option<u64>,
     pub watched: bool,
+    /// C: the result. R, F: the last error's text.
     pub result: &'a [u8],
+    /// P: which attempt; R, F: how many failed.
+    pub attempt: u32,
+    /// P that keeps its lease's end: that end (unix ms, the server's clock).
+    pub lease_end_ms: Option<u64>,
+    /// P that keeps its lease's end: held (unknown, not free) once it has passed.
+    pub hold: bool,
 }
 
 /// The reason given for a string that is not a record, as the scripts word it.
@@ -66,13 +73,50 @@ pub(crate) fn parse(bytes: &[u8]) -> Result<Record<'_>, &'static str> {
     let mut fields = bytes.splitn(7, |&b| b == b'|');
     let mut next = || fields.next().ok_or(NOT_A_RECORD);
     let (state, fence, owner, fingerprint, stored, watched) = (next()?, next()?, next()?, next()?, next()?, next()?);
-    let result = next()?;
+    let tail = next()?;
     let state = match state {
-        [s @ (b'P' | b'C')] => *s,
+        [s @ (b'P' | b'C' | b'R' | b'F')] => *s,
         _ => return Err(NOT_A_RECORD),
     };
     let fence = int(fence).ok_or(NOT_A_RECORD)?;
-    Ok(Record { state, fence, owner, fingerprint, stored_ms: int(stored), watched: watched == b"1", result })
+    let mut rec = Record {
+        state,
+        fence,
+        owner,
+        fingerprint,
+        stored_ms: int(stored),
+        watched: watched == b"1",
+        result: tail,
+        attempt: 1,
+        lease_end_ms: None,
+        hold: false,
+    };
+    match state {
+        // A record that keeps its lease's end: `<attempt>:<keep ms>:<hold>` after it.
+        b'P' if !stored.is_empty() => {
+            let mut parts = tail.splitn(3, |&b| b == b':');
+            let (attempt, keep, hold) = (parts.next(), parts.next(), parts.next());
+            let attempt = attempt.and_then(int).and_then(|a| u32::try_from(a).ok()).ok_or(NOT_A_RECORD)?;
+            keep.and_then(int).ok_or(NOT_A_RECORD)?;
+            rec.hold = match hold {
+                Some(b"1") => true,
+                Some(b"0") => false,
+                _ => return Err(NOT_A_RECORD),
+            };
+            rec.attempt = attempt;
+            rec.lease_end_ms = Some(rec.stored_ms.ok_or(NOT_A_RECORD)?);
+            rec.stored_ms = None;
+            rec.result = b"";
+        }
+        // `<attempts>:<the last error>`.
+        b'R' | b'F' => {
+            let colon = tail.iter().position(|&b| b == b':').ok_or(NOT_A_RECORD)?;
+            rec.attempt = int(&tail[..colon]).and_then(|a| u32::try_from(a).ok()).ok_or(NOT_A_RECORD)?;
+            rec.result = &tail[colon + 1..];
+        }
+        _ => {}
+    }
+    Ok(rec)
 }
 
 /// A field of ASCII digits as a number (none for an empty field, another character, or a
@@ -97,48 +141,76 @@ pub(crate) fn ttl(pttl: Option<i64>) -> Duration {
     Duration::from_millis(pttl.unwrap_or(0).max(0) as u64)
 }
 
-/// A record as operators see it: `key` is its full key, `pttl` its key's `PTTL`.
-pub(crate) fn view(key: &str, bytes: &[u8], pttl: Option<i64>) -> Result<RecordView, &'static str> {
+/// A record as operators see it: `key` is its full key, `pttl` its key's `PTTL`, `now_ms` the
+/// server's clock when it was read (whether a lease's end kept in it has passed).
+pub(crate) fn view(key: &str, bytes: &[u8], pttl: Option<i64>, now_ms: u64) -> Result<RecordView, &'static str> {
     let rec = parse(bytes)?;
-    let state = if rec.state == b'P' { RecordState::InProgress } else { RecordState::Completed };
+    let lapsed = rec.lease_end_ms.is_some_and(|end| end <= now_ms);
+    let state = match rec.state {
+        b'P' if lapsed && rec.hold => RecordState::Unknown,
+        b'P' if lapsed => RecordState::Released,
+        b'P' => RecordState::InProgress,
+        b'C' => RecordState::Completed,
+        b'R' => RecordState::Released,
+        _ => RecordState::Failed,
+    };
     // A completed record's owner is there for a repeated commit to know itself; operators see
-    // the owner of an in-progress record, as on every store.
-    let owner = if state == RecordState::InProgress { text(rec.owner) } else { None };
+    // the owner of a record in progress (or unknown), as on every store.
+    let owner = if rec.state == b'P' { text(rec.owner) } else { None };
+    let counted = rec.state != b'P' || rec.lease_end_ms.is_some();
+    let failed = matches!(rec.state, b'R' | b'F');
     Ok(RecordView {
         key: key.to_owned(),
         state,
         fence: (rec.fence != 0).then_some(rec.fence),
         started_ms: owner.as_deref().and_then(crate::ids::started_ms),
         owner,
+        attempts: (counted && rec.state != b'C').then_some(rec.attempt),
+        last_error: if failed {
+            text(rec.result)
+        } else {
+            (lapsed && !rec.hold).then(|| crate::store::LAPSED.to_owned())
+        },
+        lease_end_ms: rec.lease_end_ms,
+        holds: rec.hold,
         stored_ms: rec.stored_ms,
         ttl: pttl.filter(|t| *t >= 0).map(|t| Duration::from_millis(t as u64)),
         fingerprint: text(rec.fingerprint),
         watched: rec.watched,
-        replayable: state == RecordState::Completed && !rec.result.is_empty(),
-        result: (!rec.result.is_empty()).then(|| rec.result.to_vec()),
+        replayable: rec.state == b'C' && !rec.result.is_empty(),
+        result: (rec.state == b'C' && !rec.result.is_empty()).then(|| rec.result.to_vec()),
     })
 }
 
 /// What a parameter-mode acquire that did not take the key found there, as `acquire.lua`
-/// would report it. `now_us` is the server's `TIME` read right after the acquire (the fencing
-/// token when the record is this owner's own: a re-sent acquire), or `0` when it was left
-/// unread; `pttl` the key's `PTTL` when it was asked for.
-pub(crate) fn found(bytes: &[u8], owner: &str, now_us: u64, pttl: Option<i64>) -> AcquireOutcome {
+/// would report it, or `None` when only the script can say (a record of failed attempts, which
+/// the script takes as the next attempt, or another holder's record that keeps its lease's end,
+/// which has passed or not by the server's clock). `now_us` is the server's `TIME` read right
+/// after the acquire (the fencing token when the record is this owner's own: a re-sent
+/// acquire), or `0` when it was left unread; `pttl` the key's `PTTL` when it was asked for.
+pub(crate) fn found(bytes: &[u8], owner: &str, now_us: u64, pttl: Option<i64>) -> Option<AcquireOutcome> {
     let rec = match parse(bytes) {
         Ok(rec) => rec,
-        Err(reason) => return AcquireOutcome::Corrupt { reason: reason.to_owned() },
+        Err(reason) => return Some(AcquireOutcome::Corrupt { reason: reason.to_owned() }),
     };
-    match rec.state {
+    Some(match rec.state {
         b'P' if rec.owner == owner.as_bytes() => {
-            AcquireOutcome::Acquired { fence: if rec.fence == 0 { now_us } else { rec.fence } }
+            AcquireOutcome::Acquired { fence: if rec.fence == 0 { now_us } else { rec.fence }, attempt: rec.attempt }
         }
+        b'P' if rec.lease_end_ms.is_some() => return None,
         b'P' => AcquireOutcome::InProgress { fingerprint: text(rec.fingerprint), lease_left: ttl(pttl) },
+        b'R' => return None,
+        b'F' => AcquireOutcome::GaveUp {
+            fingerprint: text(rec.fingerprint),
+            attempts: rec.attempt,
+            last_error: String::from_utf8_lossy(rec.result).into_owned(),
+        },
         _ => AcquireOutcome::Completed {
             fingerprint: text(rec.fingerprint),
             result: (!rec.result.is_empty()).then(|| rec.result.to_vec()),
             kept_for: ttl(pttl),
         },
-    }
+    })
 }
 
 #[cfg(test)]
@@ -151,32 +223,35 @@ mod tests {
         assert_eq!(p, "P|0|own|ab12|||");
         // A re-sent acquire finds its own record: the fence is the server's TIME read after it,
         // or left unread.
-        assert_eq!(found(p.as_bytes(), "own", 77, None), AcquireOutcome::Acquired { fence: 77 });
-        assert_eq!(found(p.as_bytes(), "own", 0, None), AcquireOutcome::Acquired { fence: 0 });
+        assert_eq!(found(p.as_bytes(), "own", 77, None), Some(AcquireOutcome::Acquired { fence: 77, attempt: 1 }));
+        assert_eq!(found(p.as_bytes(), "own", 0, None), Some(AcquireOutcome::Acquired { fence: 0, attempt: 1 }));
         assert_eq!(
             found(p.as_bytes(), "other", 0, Some(900)),
-            AcquireOutcome::InProgress { fingerprint: Some("ab12".into()), lease_left: Duration::from_millis(900) }
+            Some(AcquireOutcome::InProgress {
+                fingerprint: Some("ab12".into()),
+                lease_left: Duration::from_millis(900)
+            })
         );
         let c = completed(17, "own", None, 1_700_000_000_123, Some(b"{\"a\":\"x|y\"}"));
         assert_eq!(c, b"C|17|own||1700000000123||{\"a\":\"x|y\"}");
         // Operators see no owner on a completed record, as on every store.
-        assert_eq!(view("k", &c, None).unwrap().owner, None);
+        assert_eq!(view("k", &c, None, 0).unwrap().owner, None);
         // A fence the body never read is stored as 0 and shown as none.
-        assert_eq!(view("k", &completed(0, "own", None, 1, None), None).unwrap().fence, None);
+        assert_eq!(view("k", &completed(0, "own", None, 1, None), None, 0).unwrap().fence, None);
         assert_eq!(parse(&c).unwrap().stored_ms, Some(1_700_000_000_123));
         // How long it is kept is what the server says (PTTL), whatever any clock says.
         assert_eq!(
             found(&c, "own", 1_000_000, Some(4_000)),
-            AcquireOutcome::Completed {
+            Some(AcquireOutcome::Completed {
                 fingerprint: None,
                 result: Some(b"{\"a\":\"x|y\"}".to_vec()),
                 kept_for: Duration::from_secs(4)
-            }
+            })
         );
         let unreplayable = completed(3, "own", Some("f"), 1, None);
         assert_eq!(
             found(&unreplayable, "own", 20_000, None),
-            AcquireOutcome::Completed { fingerprint: Some("f".into()), result: None, kept_for: Duration::ZERO }
+            Some(AcquireOutcome::Completed { fingerprint: Some("f".into()), result: None, kept_for: Duration::ZERO })
         );
     }
 
@@ -184,8 +259,45 @@ mod tests {
     fn records_written_by_the_scripts_read_the_same() {
         // As lib.lua's encode writes them: a waited-on record taken by a script.
         let scripted = b"P|1764505474123456|own|||1|";
-        assert_eq!(found(scripted, "own", 0, None), AcquireOutcome::Acquired { fence: 1764505474123456 });
+        assert_eq!(
+            found(scripted, "own", 0, None),
+            Some(AcquireOutcome::Acquired { fence: 1764505474123456, attempt: 1 })
+        );
         assert!(parse(scripted).unwrap().watched);
+    }
+
+    /// The records acquire.lua and fail.lua write where attempts are counted: read here as the
+    /// scripts read them, and left to the script where only the server's clock can decide.
+    #[test]
+    fn records_that_count_attempts_read_as_the_scripts_write_them() {
+        // Attempt 3 of a held key, its lease ending at 1_700_000_030_000, kept a day past it.
+        let held = b"P|0|own|fp|1700000030000||3:86400000:1";
+        let rec = parse(held).unwrap();
+        assert_eq!((rec.attempt, rec.lease_end_ms, rec.hold, rec.stored_ms), (3, Some(1_700_000_030_000), true, None));
+        assert_eq!(found(held, "own", 5, None), Some(AcquireOutcome::Acquired { fence: 5, attempt: 3 }));
+        assert_eq!(found(held, "other", 5, None), None, "whether its lease's end has passed is the server's to say");
+        let before = view("k", held, Some(1_000), 1_700_000_029_999).unwrap();
+        assert_eq!((before.state, before.attempts, before.holds), (RecordState::InProgress, Some(3), true));
+        let after = view("k", held, Some(1_000), 1_700_000_030_000).unwrap();
+        assert_eq!((after.state, after.owner.as_deref()), (RecordState::Unknown, Some("own")));
+        let counted = b"P|0|own||1700000030000||2:1000:0";
+        assert_eq!(view("k", counted, None, 1_700_000_030_001).unwrap().state, RecordState::Released);
+        // Failed attempts, and a key given up: the error's text may hold ':' and '|'.
+        let released = b"R|0|own||1700000000000||2:timeout: a|b";
+        assert_eq!(found(released, "other", 0, None), None, "the script takes it as attempt 3");
+        let v = view("k", released, Some(5), 0).unwrap();
+        assert_eq!(
+            (v.state, v.attempts, v.last_error.as_deref()),
+            (RecordState::Released, Some(2), Some("timeout: a|b"))
+        );
+        let failed = b"F|0|own|fp|1700000000000||5:poison";
+        assert_eq!(
+            found(failed, "other", 0, None),
+            Some(AcquireOutcome::GaveUp { fingerprint: Some("fp".into()), attempts: 5, last_error: "poison".into() })
+        );
+        for bad in [&b"P|0|own||17||x:1:0"[..], b"P|0|own||17||1:1:2", b"P|0|own||17||1:1", b"R|0|own||1||noattempts"] {
+            assert_eq!(parse(bad), Err(NOT_A_RECORD), "{:?}", String::from_utf8_lossy(bad));
+        }
     }
 
     #[test]
@@ -202,7 +314,7 @@ mod tests {
     fn foreign_strings_are_not_records() {
         for bad in [&b""[..], b"hello", b"C|12", b"X|1|||||", b"C|x|||||r", b"C||||||r", b"P|-1|||||", b"I|0|||||"] {
             assert_eq!(parse(bad), Err(NOT_A_RECORD), "{:?}", String::from_utf8_lossy(bad));
-            assert_eq!(found(bad, "own", 0, None), AcquireOutcome::Corrupt { reason: NOT_A_RECORD.into() });
+            assert_eq!(found(bad, "own", 0, None), Some(AcquireOutcome::Corrupt { reason: NOT_A_RECORD.into() }));
         }
     }
 }

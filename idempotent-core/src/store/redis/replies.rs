@@ -5,7 +5,7 @@ use std::time::Duration;
 use fred::prelude::Value;
 
 use crate::error::StoreError;
-use crate::store::{AcquireOutcome, Forgotten, RecordState, Transition};
+use crate::store::{AcquireOutcome, Forgotten, RecordState, Resolved, Transition};
 
 fn text(v: &Value) -> Option<String> {
     match v {
@@ -34,16 +34,18 @@ fn array(op: &str, reply: Value) -> Result<Vec<Value>, StoreError> {
 }
 
 /// What a key holds, as read for an operator: its value (`None`: absent), or what it is when it is
-/// not a string; and its `PTTL`.
-pub(crate) type Read = (Result<Option<Vec<u8>>, String>, i64);
+/// not a string; its `PTTL`; and the server's clock then (unix ms).
+pub(crate) type Read = (Result<Option<Vec<u8>>, String>, i64, u64);
 
-/// `inspect.lua`'s reply: the value (or the type of a key that is not a string) and the PTTL.
+/// `inspect.lua`'s reply: the value (or the type of a key that is not a string), the PTTL and
+/// the server's clock.
 pub(crate) fn inspected(reply: Value) -> Result<Read, StoreError> {
     let items = array("inspect", reply)?;
     let bad = || StoreError::reply("inspect", format_args!("unexpected reply {items:?}"));
     let ttl = items.get(1).and_then(int).ok_or_else(bad)?;
-    if let Some(kind) = items.get(2).and_then(text) {
-        return Ok((Err(format!("holds a Redis {kind}, not an idempotency record")), ttl));
+    let now = items.get(2).and_then(int).filter(|n| *n >= 0).ok_or_else(bad)? as u64;
+    if let Some(kind) = items.get(3).and_then(text) {
+        return Ok((Err(format!("holds a Redis {kind}, not an idempotency record")), ttl, now));
     }
     let value = match &items[0] {
         Value::Null => None,
@@ -51,7 +53,7 @@ pub(crate) fn inspected(reply: Value) -> Result<Read, StoreError> {
         Value::Bytes(b) => Some(b.to_vec()),
         _ => return Err(bad()),
     };
-    Ok((Ok(value), ttl))
+    Ok((Ok(value), ttl, now))
 }
 
 pub(crate) fn acquire(reply: Value) -> Result<AcquireOutcome, StoreError> {
@@ -61,8 +63,21 @@ pub(crate) fn acquire(reply: Value) -> Result<AcquireOutcome, StoreError> {
     Ok(match status.as_str() {
         "acquired" => {
             let fence = items.get(1).and_then(int).filter(|f| *f >= 0).ok_or_else(bad)?;
-            AcquireOutcome::Acquired { fence: fence as u64 }
+            // Scripts of earlier versions said no attempt: the first.
+            let attempt = items.get(2).map_or(Some(1), count).ok_or_else(bad)?;
+            AcquireOutcome::Acquired { fence: fence as u64, attempt }
         }
+        "gave_up" => AcquireOutcome::GaveUp {
+            fingerprint: fingerprint(items.get(1)),
+            attempts: items.get(2).and_then(count).ok_or_else(bad)?,
+            last_error: items.get(3).and_then(text).unwrap_or_default(),
+        },
+        "unknown" => AcquireOutcome::Unknown {
+            fingerprint: fingerprint(items.get(1)),
+            owner: items.get(2).and_then(text).ok_or_else(bad)?,
+            lease_ended_ms: items.get(3).and_then(int).filter(|t| *t >= 0).ok_or_else(bad)? as u64,
+            attempt: items.get(4).and_then(count).ok_or_else(bad)?,
+        },
         "progress" => {
             let left = items.get(2).and_then(int).ok_or_else(bad)?.max(0);
             AcquireOutcome::InProgress {
@@ -123,18 +138,45 @@ pub(crate) fn renewed(reply: Value, expected: usize) -> Result<Vec<bool>, StoreE
     }
 }
 
+/// A record's state as the scripts name it: its letter, or `U` for unknown.
+fn state(letter: Option<String>) -> Option<RecordState> {
+    Some(match letter.as_deref()? {
+        "P" => RecordState::InProgress,
+        "C" => RecordState::Completed,
+        "R" => RecordState::Released,
+        "F" => RecordState::Failed,
+        "U" => RecordState::Unknown,
+        _ => return None,
+    })
+}
+
+/// An attempt count in a reply.
+fn count(v: &Value) -> Option<u32> {
+    int(v).and_then(|n| u32::try_from(n).ok())
+}
+
 pub(crate) fn forgotten(reply: Value) -> Result<Forgotten, StoreError> {
     let items = array("forget", reply)?;
     let bad = || StoreError::reply("forget", format_args!("unexpected reply {items:?}"));
     Ok(match text(&items[0]).as_deref() {
-        Some("deleted") => match items.get(1).and_then(text).as_deref() {
-            Some("P") => Forgotten::Deleted(RecordState::InProgress),
-            Some("C") => Forgotten::Deleted(RecordState::Completed),
-            _ => return Err(bad()),
-        },
+        Some("deleted") => Forgotten::Deleted(state(items.get(1).and_then(text)).ok_or_else(bad)?),
         Some("absent") => Forgotten::Absent,
         Some("in_progress") => Forgotten::InProgress,
         Some("corrupt") => Forgotten::Foreign { reason: items.get(1).and_then(text).unwrap_or_default() },
+        _ => return Err(bad()),
+    })
+}
+
+/// `resolve.lua`'s reply.
+pub(crate) fn resolved(reply: Value) -> Result<Resolved, StoreError> {
+    let items = array("resolve", reply)?;
+    let bad = || StoreError::reply("resolve", format_args!("unexpected reply {items:?}"));
+    Ok(match text(&items[0]).as_deref() {
+        Some("ok") => Resolved::Done,
+        Some("absent") => Resolved::Absent,
+        Some("running") => Resolved::Running,
+        Some("state") => Resolved::NotUnknown(state(items.get(1).and_then(text)).ok_or_else(bad)?),
+        Some("corrupt") => Resolved::Corrupt { reason: items.get(1).and_then(text).unwrap_or_default() },
         _ => return Err(bad()),
     })
 }

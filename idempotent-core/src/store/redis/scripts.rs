@@ -44,15 +44,31 @@ pub(crate) static RELEASE: Lazy<Script> = lua!("release.lua");
 pub(crate) static FORGET: Lazy<Script> = lua!("forget.lua");
 pub(crate) static INSPECT: Lazy<Script> = lua!("inspect.lua");
 pub(crate) static FENCE: Lazy<Script> = lua!("fence.lua");
+pub(crate) static FAIL: Lazy<Script> = lua!("fail.lua");
+pub(crate) static RESOLVE: Lazy<Script> = lua!("resolve.lua");
+pub(crate) static FAIL_MANY: Lazy<Script> = lua!(many "fail.lua");
 pub(crate) static ACQUIRE_MANY: Lazy<Script> = lua!(many "acquire.lua");
 pub(crate) static CLAIM_MANY: Lazy<Script> = lua!(many "claim.lua");
 pub(crate) static COMMIT_MANY: Lazy<Script> = lua!(many "commit.lua");
 pub(crate) static RELEASE_MANY: Lazy<Script> = lua!(many "release.lua");
 
-/// The scripts of every call's path, the fence read's and the batches', loaded when the store
-/// connects (`forget` and `inspect`, an operator's, are loaded on first use).
-pub(crate) fn all() -> [&'static Script; 9] {
-    [&ACQUIRE, &RENEW, &COMMIT, &RELEASE, &FENCE, &ACQUIRE_MANY, &CLAIM_MANY, &COMMIT_MANY, &RELEASE_MANY]
+/// The scripts of every call's path, the fence read's, a failure's and the batches', loaded when
+/// the store connects (`forget`, `inspect` and `resolve`, an operator's, are loaded on first
+/// use).
+pub(crate) fn all() -> [&'static Script; 11] {
+    [
+        &ACQUIRE,
+        &RENEW,
+        &COMMIT,
+        &RELEASE,
+        &FENCE,
+        &FAIL,
+        &ACQUIRE_MANY,
+        &CLAIM_MANY,
+        &COMMIT_MANY,
+        &RELEASE_MANY,
+        &FAIL_MANY,
+    ]
 }
 
 /// Runs `script` on `client`: EVALSHA, then EVAL if the server does not know the script.
