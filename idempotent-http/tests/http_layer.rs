@@ -39,6 +39,8 @@ both_stores!(
     token_guard_answers_instead_of_issuing,
     json_bodies_reserialized_for_a_retry_replay_when_asked,
     stored_responses_and_their_replays_tell_until_when_they_replay,
+    a_server_that_died_mid_request_holds_its_key_under_hold,
+    a_server_that_died_mid_request_frees_its_key_by_default,
 );
 
 /// The largest serialized result the runtime stores for replay in these tests.
@@ -708,6 +710,76 @@ async fn token_guard_answers_instead_of_issuing(backend: Backend) {
 }
 
 /// Awaits all futures concurrently (each on its own task), in order.
+/// Two servers of one service on one store, both with `policy`: the first takes a payout, starts
+/// its handler and dies there (its process sends nothing more); once its lease has ended the
+/// second is asked the same request. Returns the second's answer and how many times the handler
+/// started.
+async fn after_a_server_died(backend: Backend, policy: idempotent_core::OnCrash) -> (reqwest::Response, usize) {
+    const LEASE: Duration = Duration::from_millis(400);
+    let fixture = Fixture::new(backend, 2).await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let serve = |idem: idempotency::Idempotency| {
+        let runs = runs.clone();
+        let app = Router::new().route(
+            "/payouts",
+            post(move || {
+                let runs = runs.clone();
+                async move {
+                    if runs.fetch_add(1, SeqCst) == 0 {
+                        std::future::pending::<()>().await;
+                    }
+                    (StatusCode::CREATED, "paid")
+                }
+            })
+            .route_layer(IdempotencyLayer::shared_keys(idem).ttl(LEASE).on_crash(policy)),
+        );
+        async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let base = format!("http://{}/payouts", listener.local_addr().unwrap());
+            tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+            base
+        }
+    };
+    let (dies, dying) = support::dying::Dying::runtime(fixture.store(0));
+    let (first, second) = (serve(dies).await, serve(fixture.idem(1)).await);
+    let http = reqwest::Client::new();
+    let pay = |url: &str| {
+        // One service behind one name: the two servers see the same request.
+        http.post(url).header("host", "pay.test").header("idempotency-key", "\"payout-7\"").body("70.00").send()
+    };
+    let lost = tokio::spawn(pay(&first));
+    support::eventually(Duration::from_secs(5), "the first server starts the payout", || async {
+        (runs.load(SeqCst) == 1).then_some(())
+    })
+    .await;
+    dying.die();
+    // While its lease lasts the key is in flight, whatever the policy.
+    problem(pay(&second).await.unwrap(), 409, "in-flight").await;
+    tokio::time::sleep(LEASE + Duration::from_millis(300)).await;
+    let answer = pay(&second).await.unwrap();
+    lost.abort();
+    (answer, runs.load(SeqCst))
+}
+
+/// Under `.on_crash(OnCrash::Hold)` a request whose server died mid-handler is not run again:
+/// whether the payout went out is unknown, and a retry gets 409 `outcome-unknown` that says so.
+async fn a_server_that_died_mid_request_holds_its_key_under_hold(backend: Backend) {
+    let (answer, runs) = after_a_server_died(backend, idempotent_core::OnCrash::Hold).await;
+    assert!(answer.headers().get("retry-after").is_none(), "retrying does not help");
+    let body = problem(answer, 409, "outcome-unknown").await;
+    let detail = body["detail"].as_str().unwrap();
+    assert!(detail.contains("attempt 1"), "the detail names the attempt: {detail}");
+    assert_eq!(runs, 1, "the handler ran again on a held key");
+}
+
+/// By default (`OnCrash::Rerun`) the same request after the dead server's lease runs the handler
+/// again: the key is free once the lease ends.
+async fn a_server_that_died_mid_request_frees_its_key_by_default(backend: Backend) {
+    let (answer, runs) = after_a_server_died(backend, idempotent_core::OnCrash::Rerun).await;
+    assert_eq!(answer.status(), 201);
+    assert_eq!(runs, 2);
+}
+
 async fn futures_join_all<F>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output>
 where
     F: std::future::Future + Send + 'static,
