@@ -14,8 +14,11 @@ use std::collections::BTreeMap;
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
+use idempotency::store::Resolved;
 use idempotency::telemetry::{self, CallOutcome};
-use idempotency::{Call, CallContext, Error, Force, Idempotency, OnConflict, OnDuplicate, RedisStore};
+use idempotency::{
+    Call, CallContext, Error, Force, Idempotency, OnConflict, OnCrash, OnDuplicate, RedisStore, Resolve,
+};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use support::{counter, eventually, ms, AppError, Backend, Fixture, R};
 use tracing::field::{Field, Visit};
@@ -325,6 +328,37 @@ async fn every_outcome_has_its_span_and_counter(backend: Backend) {
     };
     assert!(panicking.await.unwrap_err().is_panic());
     expected.push(CallOutcome::Panicked);
+    // gave_up: the one attempt give_up_after(1) allows fails (body_error); the next call finds
+    // the key given up.
+    let r: R<u32> = idem.run(call("g").give_up_after(1), || async { Err(AppError::Failed("declined")) }).await;
+    assert!(matches!(r, Err(AppError::Failed("declined"))), "{r:?}");
+    let r: R<u32> = idem.run(call("g").give_up_after(1), || async { Ok(1) }).await;
+    assert!(matches!(r, Err(AppError::Idem(Error::GaveUp { .. }))), "{r:?}");
+    expected.extend([CallOutcome::BodyError, CallOutcome::GaveUp]);
+    // outcome_unknown: a call under on_crash = hold dropped mid-body leaves its key to its
+    // lease; once the lease ends the next call finds the outcome unknown. The dropped call's
+    // span closes without an outcome. An operator's resolution is counted.
+    let (started_tx, started) = tokio::sync::oneshot::channel();
+    let stopped = {
+        let (idem, call) = (idem.clone(), call("u").on_crash(OnCrash::Hold).ttl(ms(300)));
+        tokio::spawn(async move {
+            let _: R<u32> = idem
+                .run(call, || async move {
+                    let _ = started_tx.send(());
+                    std::future::pending().await
+                })
+                .await;
+        })
+    };
+    started.await.unwrap();
+    stopped.abort();
+    tokio::time::sleep(ms(500)).await;
+    let r: R<u32> = idem.run(call("u"), || async { Ok(1) }).await;
+    assert!(matches!(r, Err(AppError::Idem(Error::OutcomeUnknown { .. }))), "{r:?}");
+    expected.push(CallOutcome::OutcomeUnknown);
+    let resolved = idem.resolve(&scope, &key("u"), Resolve::NotDone).await.unwrap();
+    assert_eq!(resolved, Resolved::Done);
+    let dropped_spans = 1;
     // store_error: the server gone (Redis only: the in-memory store cannot fail).
     if backend == Backend::Redis {
         let store = RedisStore::builder(&fx.server.as_ref().unwrap().url()).timeout(ms(300)).connect().await.unwrap();
@@ -350,7 +384,8 @@ async fn every_outcome_has_its_span_and_counter(backend: Backend) {
         let counted = m.counter("idempotency_calls_total", &[("outcome", outcome), ("scope", &scope)]);
         assert_eq!(counted, *n, "idempotency_calls_total{{outcome={outcome}}}");
     }
-    assert_eq!(call_spans(&scope).len(), expected.len(), "one span per call");
+    assert_eq!(call_spans(&scope).len(), expected.len() + dropped_spans, "one span per call");
+    assert_eq!(m.counter("idempotency_resolutions_total", &[("how", "not_done"), ("by", "operator")]), 1);
     assert_eq!(m.counter("idempotency_calls_total", &[("scope", &scope)]), expected.len() as u64);
     // Store calls are INFO spans with the key redacted the same way every time.
     let executed = call_spans(&scope).into_iter().find(|s| s.fields["outcome"] == "executed").unwrap();
