@@ -40,6 +40,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         redeliver_after: Duration::from_secs(5),
         batch: 100,
         lease: Duration::from_secs(30),
+        // A message that fails three times is dead-lettered, not redelivered forever.
+        give_up_after: Some(3),
     };
     consumer.create_group().await?;
 

@@ -6,7 +6,8 @@
 //! `redeliver_after` (`XAUTOCLAIM`), else new ones (`XREADGROUP ... >`). Their keys are claimed
 //! in one round trip, the bodies of the items won run, the completed ones are committed in one
 //! more; then the plan is mapped onto the stream: acked (`XACK`), left pending to be claimed
-//! again later (requeue), or copied to `<stream>:dead` and acked (dead-letter).
+//! again later (requeue), or copied to `<stream>:dead` and acked (dead-letter: a re-used or keyless
+//! entry, or, with `give_up_after`, a poison message that failed that many times).
 
 use std::future::Future;
 use std::time::Duration;
@@ -45,6 +46,10 @@ pub struct Consumer {
     pub batch: u64,
     /// Each key's lease while its body runs.
     pub lease: Duration,
+    /// A message whose body failed this many times (across redeliveries and consumers) is
+    /// dead-lettered instead of handed back again: a poison message (`Call::give_up_after`).
+    /// `None`: handed back for as long as it fails.
+    pub give_up_after: Option<u32>,
 }
 
 /// What one poll did, by entry.
@@ -89,8 +94,13 @@ impl Consumer {
         if deliveries.is_empty() {
             return Ok(polled);
         }
-        let calls =
-            deliveries.iter().map(|d| Call::new(&d.key).scope("stream-orders").ttl(self.lease).fingerprint(&d.amount));
+        let calls = deliveries.iter().map(|d| {
+            let call = Call::new(&d.key).scope("stream-orders").ttl(self.lease).fingerprint(&d.amount);
+            match self.give_up_after {
+                Some(attempts) => call.give_up_after(attempts),
+                None => call,
+            }
+        });
         let batch = self.idem.claim::<()>(calls).await;
         let settled = batch.run(concurrency, |i, _context| body(&deliveries[i])).await;
         for (delivery, item) in deliveries.iter().zip(&settled) {

@@ -70,6 +70,7 @@ async fn consumer(url: &str, name: &str) -> Consumer {
         redeliver_after: Duration::from_millis(500),
         batch: 50,
         lease: Duration::from_secs(1),
+        give_up_after: None,
     }
 }
 
@@ -224,5 +225,73 @@ fn reused_and_keyless_entries_are_dead_lettered() {
         assert_eq!(dead_keys, ["o1", ""], "the re-used order and the keyless entry are dead-lettered: {dead:?}");
         assert_eq!(dead_in_polls, 2, "the polls reported the two dead letters");
         assert_eq!(consumer.pending().await.unwrap(), 0, "nothing is left pending");
+    });
+}
+
+/// A poison message: its body fails every time. With `give_up_after(3)` it is handed back twice
+/// (left pending, redelivered by `XAUTOCLAIM`), fails a third time and is dead-lettered with why,
+/// and its body never runs again, while the good messages beside it are applied once. The count
+/// is kept in the message's record, across redeliveries and consumers (two take turns here).
+#[test]
+fn a_poison_message_is_dead_lettered_after_three_attempts() {
+    let server = Server::start();
+    let url = format!("redis://127.0.0.1:{}", server.port);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut consumers = Vec::new();
+        for name in ["one", "two"] {
+            let mut c = consumer(&url, name).await;
+            c.redeliver_after = Duration::from_millis(100);
+            c.give_up_after = Some(3);
+            consumers.push(c);
+        }
+        consumers[0].create_group().await.unwrap();
+        let client = consumers[0].client.clone();
+        for (key, amount) in [("o1", "10"), ("poison", "1"), ("o2", "20")] {
+            let _: String =
+                client.xadd(STREAM, false, None, "*", vec![("key", key), ("amount", amount)]).await.unwrap();
+        }
+        let runs = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let apply = |d: &Delivery| {
+            let (client, key, amount, runs) = (client.clone(), d.key.clone(), d.amount, runs.clone());
+            async move {
+                if key == "poison" {
+                    runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    return Err("cannot parse the order".to_owned());
+                }
+                client.hincrby::<i64, _, _>(EFFECTS, &key, amount).await.map(|_| ()).map_err(|e| e.to_string())
+            }
+        };
+        let (mut requeued, mut dead) = (0, 0);
+        for turn in 0..60 {
+            let polled = consumers[turn % 2].poll(4, apply).await.unwrap();
+            requeued += polled.requeued;
+            dead += polled.dead;
+            if dead > 0 && consumers[0].pending().await.unwrap() == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(60)).await;
+        }
+        assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 3, "the poison's body ran three times, then never");
+        assert_eq!((requeued, dead), (2, 1), "handed back twice, then dead-lettered");
+        let applied: BTreeMap<String, i64> = client.hgetall(EFFECTS).await.unwrap();
+        assert_eq!(applied, BTreeMap::from([("o1".to_owned(), 10), ("o2".to_owned(), 20)]));
+        let dead: Vec<(String, BTreeMap<String, String>)> =
+            client.xrange(format!("{STREAM}:dead"), "-", "+", None).await.unwrap();
+        assert_eq!(dead.len(), 1, "{dead:?}");
+        assert_eq!(dead[0].1.get("key").map(String::as_str), Some("poison"));
+        let reason = &dead[0].1["reason"];
+        assert!(reason.contains("GaveUp") && reason.contains("attempts: 3"), "{reason}");
+        assert_eq!(consumers[0].pending().await.unwrap(), 0, "nothing is left pending");
+        // Redelivered anyway (published again by a producer's retry): dead-lettered at once.
+        let _: String = client.xadd(STREAM, false, None, "*", vec![("key", "poison"), ("amount", "1")]).await.unwrap();
+        let mut again = 0;
+        for _ in 0..20 {
+            again += consumers[1].poll(4, apply).await.unwrap().dead;
+            if again > 0 {
+                break;
+            }
+        }
+        assert_eq!((again, runs.load(std::sync::atomic::Ordering::SeqCst)), (1, 3), "refused as given up, not run");
     });
 }
