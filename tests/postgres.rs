@@ -778,3 +778,41 @@ async fn a_pool_full_of_bodies_starves_neither_notifications_nor_renewals() {
     assert!(!lost.unwrap(), "the transactional body's lease was lost: renewals starved");
     assert_eq!(seconds.load(SeqCst), 0, "a second caller ran while the transactional body held the key");
 }
+
+/// A table of schema version 1 (before the columns of attempts), with a completed row and a held
+/// one: a store connecting without migrating refuses it at connect and says what to run; after
+/// `.migrate()` the old rows read as before (the completed one replays, the held one conflicts)
+/// and the new states are allowed (a failure counted, a key given up).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_1_table_is_refused_until_migrated_and_then_reads_as_before() {
+    let url = tokio::task::block_in_place(shared_database);
+    let schema = unique_schema();
+    let v1 = include_str!("support/schema_v1.sql").replace("{schema}", &schema).replace("{table}", "idempotency");
+    let admin = sqlx::PgPool::connect(url).await.unwrap();
+    sqlx::raw_sql(&v1).execute(&admin).await.expect("a version 1 table");
+    let rows = format!(
+        "INSERT INTO \"{schema}\".idempotency (key, state, owner, fence, result, stored_at, expires_at) VALUES \
+         ('orders:done', 'C', NULL, 7, convert_to('5', 'UTF8'), now(), now() + interval '1 hour'), \
+         ('orders:held', 'P', 'AAAAAAAAAAAAAAAAAAAAAA', NULL, NULL, NULL, now() + interval '1 hour')"
+    );
+    sqlx::query(&rows).execute(&admin).await.unwrap();
+
+    let refused = PgStore::builder(url).schema(&schema).connect().await.map(drop);
+    let e = refused.expect_err("a version 1 table is refused at connect");
+    assert!(e.to_string().contains("schema version 1") && e.to_string().contains("migrate"), "{e}");
+
+    let store = PgStore::builder(url).schema(&schema).migrate().connect().await.expect("migrated");
+    let idem = Idempotency::new(store);
+    let call = |key: &str| Call::new(key).scope("orders");
+    assert_eq!(idem.run(call("done"), || async { R::Ok(6u32) }).await.unwrap(), 5, "the old result replays");
+    let held = idem.run(call("held"), || async { R::Ok(6u32) }).await;
+    assert!(matches!(held, Err(AppError::Idem(Error::Conflict { .. }))), "{held:?}");
+    let failed = idem.run(call("new").give_up_after(1), || async { R::<u32>::Err(AppError::Failed("no")) }).await;
+    assert!(matches!(failed, Err(AppError::Failed("no"))), "{failed:?}");
+    let gave_up = idem.run(call("new").give_up_after(1), || async { R::Ok(6u32) }).await;
+    assert!(matches!(gave_up, Err(AppError::Idem(Error::GaveUp { attempts: 1, .. }))), "{gave_up:?}");
+    // Migrating again changes nothing.
+    let again = PgStore::builder(url).schema(&schema).migrate().connect().await.expect("migrated twice");
+    let idem = Idempotency::new(again);
+    assert_eq!(idem.run(call("done"), || async { R::Ok(6u32) }).await.unwrap(), 5);
+}
