@@ -39,7 +39,7 @@ echo "== the suites whose behaviour depends on the server, again on Valkey $VALK
 # (tests/commit_paths.rs runs on both servers in the run above; TLS is not built into our Valkey.)
 REDIS_SERVER="$VALKEY_SERVER" cargo test -p idempotency --all-features \
     --test semantics --test guarantees --test proxy_faults --test redis_faults --test lock \
-    --test security --test cluster --test sentinel --test operations
+    --test security --test cluster --test sentinel --test operations --test held_outcomes --test attempts
 
 echo "== without the tls feature, a rediss:// URL is an error (never plaintext)"
 cargo test -p idempotent-core --no-default-features --features redis --lib

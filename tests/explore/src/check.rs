@@ -120,6 +120,18 @@ struct Op {
     answer: Option<(Micros, OpResult)>,
 }
 
+impl Op {
+    /// Whether the command may have landed after `t`: not answered by then, or answered "no
+    /// reply" (its caller stopped waiting, and the command, still on its way, lands when it
+    /// lands).
+    fn may_land_after(&self, t: Micros) -> bool {
+        match &self.answer {
+            None | Some((_, OpResult::NoReply)) => true,
+            Some((at, _)) => *at > t,
+        }
+    }
+}
+
 /// What the checker reads off a history.
 struct Reading {
     calls: Vec<CallInfo>,
@@ -662,7 +674,7 @@ pub fn check(events: &[(Micros, Event)]) -> Report {
         r.ops.iter().any(|o| {
             o.key == key
                 && o.sent < to
-                && o.answer.as_ref().is_none_or(|(at, _)| *at > from)
+                && o.may_land_after(from)
                 && match o.kind {
                     OpKind::Commit => !matches!(&o.answer, Some((_, OpResult::Lost))),
                     OpKind::Fail | OpKind::Release => keeps_nothing(&o.owner),
@@ -717,7 +729,7 @@ pub fn check(events: &[(Micros, Event)]) -> Report {
                 .ops
                 .iter()
                 .filter(|o| o.kind == OpKind::Acquire && o.key == x.key && o.owner != xb.owner && o.owner != yb.owner)
-                .filter(|o| o.sent < y_answered && o.answer.as_ref().is_none_or(|(at, _)| *at > x_answered))
+                .filter(|o| o.sent < y_answered && o.may_land_after(x_answered))
                 .map(|o| o.sent + span(owner_keep(&o.owner)))
                 .fold(x_sent + span(x.keep), Micros::min);
             if y_sent > x_answered
@@ -793,8 +805,8 @@ pub fn check(events: &[(Micros, Event)]) -> Report {
                     continue;
                 }
                 // Still on its way after the caller went away: sent after, or answered after.
-                let went_on = commits(&r.ops, &xb.owner)
-                    .any(|o| o.sent > *cancelled_at || o.answer.as_ref().is_none_or(|(at, _)| *at > *cancelled_at));
+                let went_on =
+                    commits(&r.ops, &xb.owner).any(|o| o.sent > *cancelled_at || o.may_land_after(*cancelled_at));
                 let ended_at = xb.end.as_ref().map_or(Micros::MAX, |(t, _)| *t);
                 if !went_on && !taken_away(&x.key, x.invoke, ended_at) {
                     violation(
@@ -974,6 +986,31 @@ mod tests {
         assert_eq!(h(1, 50 * MS).check(), vec!["I11"]);
         assert_eq!(h(4, 50 * MS).check(), Vec::<&str>::new());
         assert_eq!(h(1, 1500 * MS).check(), Vec::<&str>::new(), "after the count's keep it may start again");
+    }
+
+    /// An acquire its caller stopped waiting for ("no reply") may land later, after the failure
+    /// it was answered before, and restart the count's `keep` with its own call's (here none):
+    /// not a violation. One refused (never sent) cannot.
+    #[test]
+    fn i11_an_acquire_answered_no_reply_may_land_later_with_its_own_keep() {
+        let h = |late: OpResult| {
+            H::default()
+                .invoke(0, 2, 0)
+                .op(0, MS / 2, 2, OpKind::Acquire, late)
+                .ret(MS / 2, 2, Returned::Err("Store".into()))
+                .invoke(0, 0, 1000)
+                .op(0, MS, 0, OpKind::Acquire, OpResult::Acquired { fence: 1 })
+                .body_at(MS, 10 * MS, 0, 1, 3, BodyEnd::Failed)
+                .op(10 * MS, 11 * MS, 0, OpKind::Fail, OpResult::Done)
+                .ret(11 * MS, 0, Returned::BodyErr)
+                .invoke(50 * MS, 1, 1000)
+                .op(50 * MS, 51 * MS, 1, OpKind::Acquire, OpResult::Acquired { fence: 3 })
+                .body_at(51 * MS, 52 * MS, 1, 3, 1, BodyEnd::Failed)
+                .op(52 * MS, 53 * MS, 1, OpKind::Fail, OpResult::Done)
+                .ret(53 * MS, 1, Returned::BodyErr)
+        };
+        assert_eq!(h(OpResult::NoReply).check(), Vec::<&str>::new());
+        assert_eq!(h(OpResult::Error).check(), vec!["I11"]);
     }
 
     #[test]
