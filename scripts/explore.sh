@@ -7,11 +7,13 @@
 #   default is both). redis, valkey, cluster, postgres: the layer on real servers started here,
 #   faults from outside (tests/explore_servers.rs); servers: all four. all: both layers, side by
 #   side, each for the whole time.
-# --plant release-owner | late-acquire | no-refill | inbox-owner | commit-on-drop: plants a known
-#   bug for the run (the owner check of lua/release.lua removed; a body started without looking
-#   at its lease; PostgreSQL pools that never refill in the background; the owner check of the
-#   statement that writes a transactional batch's records removed; a commit dropped with its
-#   caller, or past its deadline, instead of going on in the background) and puts the source back
+# --plant release-owner | late-acquire | no-refill | inbox-owner | commit-on-drop | hold-ignored |
+#   count-reset | gave-up-ignored: plants a known bug for the run (the owner check of
+#   lua/release.lua removed; a body started without looking at its lease; PostgreSQL pools that
+#   never refill in the background; the owner check of the statement that writes a transactional
+#   batch's records removed; a commit dropped with its caller, or past its deadline, instead of
+#   going on in the background; the memory store freeing a held key at its lease's end, counting
+#   from one again after a failure, or running a key given up) and puts the source back
 #   afterwards: the run must report a violation.
 # Prints each violation with its seed, the invariant, the schedule and its history (the
 # deterministic layer: the smallest schedule, shrunk), and as its last line `explored:
