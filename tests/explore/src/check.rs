@@ -804,9 +804,11 @@ pub fn check(events: &[(Micros, Event)]) -> Report {
                         .or_default() += 1;
                     continue;
                 }
-                // Still on its way after the caller went away: sent after, or answered after.
-                let went_on =
-                    commits(&r.ops, &xb.owner).any(|o| o.sent > *cancelled_at || o.may_land_after(*cancelled_at));
+                // Still on its way after the caller went away: sent after, or answered after. (A
+                // "no reply" before the cancel, never sent again, is a commit the runtime dropped,
+                // though the command itself may land: not `may_land_after`.)
+                let went_on = commits(&r.ops, &xb.owner)
+                    .any(|o| o.sent > *cancelled_at || o.answer.as_ref().is_none_or(|(at, _)| *at > *cancelled_at));
                 let ended_at = xb.end.as_ref().map_or(Micros::MAX, |(t, _)| *t);
                 if !went_on && !taken_away(&x.key, x.invoke, ended_at) {
                     violation(
