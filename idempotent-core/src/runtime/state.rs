@@ -71,7 +71,7 @@ pub(super) struct Held {
 impl Held {
     /// Whether the acquire wrote a record that keeps its lease's end (`CommitRequest::lease_in_record`).
     pub(super) fn lease_in_record(&self, call: &crate::call::Call) -> bool {
-        call.lapse() != crate::store::Lapse::Free || self.context.attempt() > 1
+        call.lapse().keeps_lease_end(self.context.attempt())
     }
 }
 

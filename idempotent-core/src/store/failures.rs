@@ -42,6 +42,39 @@ pub enum Lapse {
     Hold,
 }
 
+impl Lapse {
+    /// Whether an acquire with this lapse, taking the key as its `attempt`, writes a record that
+    /// keeps its lease's end (and outlives it by `keep`): every lapse but `Free` does, and so
+    /// does every attempt after a failed one.
+    ///
+    /// ```
+    /// use idempotency::store::Lapse;
+    ///
+    /// assert!(!Lapse::Free.keeps_lease_end(1));
+    /// assert!(Lapse::Free.keeps_lease_end(2));
+    /// assert!(Lapse::Hold.keeps_lease_end(1));
+    /// ```
+    pub fn keeps_lease_end(self, attempt: u32) -> bool {
+        self != Lapse::Free || attempt > 1
+    }
+
+    /// The lapse as the stores' scripts and statements take it: `"0"` free, `"1"` count,
+    /// `"2"` hold.
+    ///
+    /// ```
+    /// use idempotency::store::Lapse;
+    ///
+    /// assert_eq!(Lapse::Hold.code(), "2");
+    /// ```
+    pub fn code(self) -> &'static str {
+        match self {
+            Lapse::Free => "0",
+            Lapse::Count => "1",
+            Lapse::Hold => "2",
+        }
+    }
+}
+
 /// What [`Store::fail`](super::Store::fail) is asked: the owner's attempt failed.
 #[derive(Debug, Clone, Copy)]
 pub struct FailRequest<'a> {

@@ -119,7 +119,7 @@ struct Record {
 impl Record {
     /// An in-progress record for `req`'s owner as its `attempt`.
     fn pending(req: &AcquireRequest<'_>, fence: u64, attempt: u32, now: Instant) -> Record {
-        let keeps_lease = req.lapse != Lapse::Free || attempt > 1;
+        let keeps_lease = req.lapse.keeps_lease_end(attempt);
         let lease_end = after(now, req.lease);
         Record {
             phase: Phase::InProgress,

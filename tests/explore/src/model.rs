@@ -209,7 +209,7 @@ impl ModelStore {
         if let Some(before) = before {
             let attempt = before + 1;
             let watched = matches!(st.live(req.key).map(|r| &r.val), Some(Val::Pending { watched: true, .. }));
-            let keeps_end = req.lapse != Lapse::Free || attempt > 1;
+            let keeps_end = req.lapse.keeps_lease_end(attempt);
             let val = pending(req, attempt, keeps_end);
             let val = match val {
                 Val::Pending { owner, fingerprint, attempt, lease_end, after, .. } => {

@@ -209,11 +209,7 @@ impl PgStore {
                 .bind(fingerprint)
                 .bind(millis(lease))
                 .bind(will_wait)
-                .bind(match lapse {
-                    Lapse::Free => "0",
-                    Lapse::Count => "1",
-                    Lapse::Hold => "2",
-                })
+                .bind(lapse.code())
                 .bind(millis(keep));
             let rows = match tokio::time::timeout_at(deadline, query.fetch_all(&mut *conn)).await {
                 Err(_) => return Err(Failed { error: StoreError::timeout("acquire", timeout), maybe_landed: true }),
