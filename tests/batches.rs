@@ -434,6 +434,28 @@ mod round_trips {
         assert_eq!(sent, 0, "the batch's claim did not replay from the cache");
     }
 
+    /// A batch redelivered after its bodies failed: every key holds the record of a failed
+    /// attempt, which only acquire.lua can take (it counts the attempt). The keys the plain
+    /// `SET NX GET`s could not decide go to the script together, one call for the 100, not one
+    /// each.
+    #[tokio::test]
+    async fn a_batch_redelivered_after_failures_is_scripted_once_not_per_key() {
+        let fx = Fixture::new(Backend::Redis, 1).await;
+        let idem = fx.idem(0);
+        let keys = || (0..100).map(|i| Call::new(format!("again-{i}")));
+        let batch = idem.claim::<u32>(keys()).await;
+        let settled = batch.run(8, |_, _| async { R::<u32>::Err(AppError::Failed("no")) }).await;
+        assert!(settled.iter().all(|s| s.ack() == Ack::Requeue));
+        let server = fx.server.as_ref().expect("a server of the test's own");
+        let scripts = || server.command_calls().get("evalsha").copied().unwrap_or(0);
+        let before = scripts();
+        let batch = idem.claim::<u32>(keys()).await;
+        assert_eq!(scripts() - before, 1, "script calls to claim 100 keys holding failed attempts");
+        assert_eq!(batch.to_run(), 100);
+        let settled = batch.run(8, |_, context| async move { R::Ok(context.attempt()) }).await;
+        assert!(settled.iter().all(|s| matches!(s, Settled::Executed { value: 2, .. })), "{settled:?}");
+    }
+
     #[tokio::test]
     async fn a_batch_is_one_round_trip_to_claim_and_one_to_commit() {
         let fx = Fixture::new(Backend::Redis, 1).await;

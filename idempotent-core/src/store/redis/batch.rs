@@ -184,20 +184,41 @@ impl RedisStore {
             [pending.into(), "NX".into(), "PX".into(), millis(r.lease).into(), "GET".into()]
         };
         let replies = self.set_pipelined("acquire", keys, args).await;
-        let mut out = Vec::with_capacity(replies.len());
-        for (i, reply) in replies.into_iter().enumerate() {
-            out.push(match reply {
-                Err(e) => Err(e),
-                Ok(Err(e)) if e.details().starts_with("WRONGTYPE") => Box::pin(self.acquire_script(&requests[i])).await,
-                Ok(Err(e)) => Err(store_error("acquire", e)),
-                Ok(Ok(set)) => match plain_acquire_reply(set, requests[i].owner, 0) {
-                    Ok(None) => Box::pin(self.acquire_script(&requests[i])).await,
-                    Ok(Some(found)) => Ok(found),
-                    Err(e) => Err(e),
-                },
-            });
+        let found = replies.into_iter().enumerate().map(|(i, reply)| match reply {
+            Err(e) => Err(e),
+            Ok(Err(e)) if e.details().starts_with("WRONGTYPE") => Ok(None),
+            Ok(Err(e)) => Err(store_error("acquire", e)),
+            Ok(Ok(set)) => plain_acquire_reply(set, requests[i].owner, 0),
+        });
+        self.scripted_where_undecided(requests, keys, found.collect()).await
+    }
+
+    /// The plain acquires' outcomes, with each key they could not decide (`Ok(None)`: something
+    /// other than a string there, or a record only the script can read) sent to acquire.lua,
+    /// all of them together: one more round trip per connection, however many there are.
+    async fn scripted_where_undecided(
+        &self,
+        requests: &[AcquireRequest<'_>],
+        keys: &[&str],
+        found: Vec<Result<Option<AcquireOutcome>, StoreError>>,
+    ) -> Vec<Result<AcquireOutcome, StoreError>> {
+        let undecided: Vec<usize> = (0..found.len()).filter(|&i| matches!(found[i], Ok(None))).collect();
+        let mut scripted = if undecided.is_empty() {
+            Vec::new()
+        } else {
+            let their_requests: Vec<AcquireRequest<'_>> = undecided.iter().map(|&i| requests[i]).collect();
+            let their_keys: Vec<&str> = undecided.iter().map(|&i| keys[i]).collect();
+            Box::pin(self.acquire_scripts_many(&their_requests, &their_keys)).await
         }
-        out
+        .into_iter();
+        found
+            .into_iter()
+            .map(|outcome| match outcome {
+                Ok(Some(found)) => Ok(found),
+                Ok(None) => scripted.next().expect("one script reply per undecided key"),
+                Err(e) => Err(e),
+            })
+            .collect()
     }
 
     /// `claim.lua` per key: one `SET NX GET` each, the reply read as the plain acquire's. A key
@@ -224,31 +245,23 @@ impl RedisStore {
             }
         };
         let replies = self.grouped("acquire", &scripts::CLAIM_MANY, keys, 3, args, read).await;
-        let mut out = Vec::with_capacity(replies.len());
-        for (i, reply) in replies.into_iter().enumerate() {
-            let owner = requests[i].owner;
-            out.push(match reply {
-                Err(e) => Err(e),
-                Ok(None) => Box::pin(self.acquire_script(&requests[i])).await,
-                Ok(Some(Value::Array(items))) => match (items[0].as_i64(), &items[1]) {
-                    (Some(0), fence) => match fence.as_i64() {
-                        Some(fence) if fence >= 0 => Ok(AcquireOutcome::Acquired { fence: fence as u64, attempt: 1 }),
-                        _ => Err(StoreError::reply("acquire", format_args!("unexpected fence {fence:?}"))),
-                    },
-                    // The record the key holds (never nil: claim.lua returns it only when set).
-                    (Some(1), held @ (Value::String(_) | Value::Bytes(_))) => {
-                        match plain_acquire_reply(held.clone(), owner, 0) {
-                            Ok(None) => Box::pin(self.acquire_script(&requests[i])).await,
-                            Ok(Some(found)) => Ok(found),
-                            Err(e) => Err(e),
-                        }
-                    }
-                    (_, other) => Err(StoreError::reply("acquire", format_args!("unexpected reply {other:?}"))),
+        let found = replies.into_iter().enumerate().map(|(i, reply)| match reply {
+            Err(e) => Err(e),
+            Ok(None) => Ok(None),
+            Ok(Some(Value::Array(items))) => match (items[0].as_i64(), &items[1]) {
+                (Some(0), fence) => match fence.as_i64() {
+                    Some(fence) if fence >= 0 => Ok(Some(AcquireOutcome::Acquired { fence: fence as u64, attempt: 1 })),
+                    _ => Err(StoreError::reply("acquire", format_args!("unexpected fence {fence:?}"))),
                 },
-                Ok(Some(other)) => Err(StoreError::reply("acquire", format_args!("unexpected reply {other:?}"))),
-            });
-        }
-        out
+                // The record the key holds (never nil: claim.lua returns it only when set).
+                (Some(1), held @ (Value::String(_) | Value::Bytes(_))) => {
+                    plain_acquire_reply(held.clone(), requests[i].owner, 0)
+                }
+                (_, other) => Err(StoreError::reply("acquire", format_args!("unexpected reply {other:?}"))),
+            },
+            Ok(Some(other)) => Err(StoreError::reply("acquire", format_args!("unexpected reply {other:?}"))),
+        });
+        self.scripted_where_undecided(requests, keys, found.collect()).await
     }
 
     /// acquire.lua per key.
@@ -258,8 +271,7 @@ impl RedisStore {
         keys: &[&str],
     ) -> Vec<Result<AcquireOutcome, StoreError>> {
         let args = |i: usize, out: &mut Vec<Value>| out.extend(acquire_args(&requests[i]));
-        let per_key = acquire_args(&requests[0]).len();
-        self.grouped("acquire", &scripts::ACQUIRE_MANY, keys, per_key, args, replies::acquire).await
+        self.grouped("acquire", &scripts::ACQUIRE_MANY, keys, ACQUIRE_ARGS, args, replies::acquire).await
     }
 
     pub(super) async fn commit_many_inner(
@@ -337,7 +349,6 @@ impl RedisStore {
         let keys: Vec<&str> = requests.iter().map(|r| r.key).collect();
         let args = |i: usize, out: &mut Vec<Value>| out.extend(fail_args(&requests[i]));
         let read = |reply| replies::transition("fail", reply);
-        let per_key = requests.first().map_or(0, |r| fail_args(r).len());
-        self.grouped("fail", &scripts::FAIL_MANY, &keys, per_key, args, read).await
+        self.grouped("fail", &scripts::FAIL_MANY, &keys, FAIL_ARGS, args, read).await
     }
 }

@@ -734,26 +734,27 @@ mod without_tls {
     }
 }
 
+/// How many arguments acquire.lua takes per key.
+const ACQUIRE_ARGS: usize = 7;
+
+/// How many arguments fail.lua takes per key.
+const FAIL_ARGS: usize = 7;
+
 /// acquire.lua's arguments for `req` (see the script).
-fn acquire_args(req: &AcquireRequest<'_>) -> [Value; 7] {
+fn acquire_args(req: &AcquireRequest<'_>) -> [Value; ACQUIRE_ARGS] {
     [
         req.owner.into(),
         millis(req.lease).into(),
         req.fingerprint.unwrap_or("").into(),
         if req.will_wait { "1" } else { "0" }.into(),
         if req.report_ttl { "1" } else { "0" }.into(),
-        match req.lapse {
-            Lapse::Free => "0",
-            Lapse::Count => "1",
-            Lapse::Hold => "2",
-        }
-        .into(),
+        req.lapse.code().into(),
         millis(req.keep).into(),
     ]
 }
 
 /// fail.lua's arguments for `req` (see the script).
-fn fail_args(req: &FailRequest<'_>) -> [Value; 7] {
+fn fail_args(req: &FailRequest<'_>) -> [Value; FAIL_ARGS] {
     [
         req.owner.into(),
         i64::from(req.attempt).into(),
