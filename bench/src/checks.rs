@@ -219,6 +219,23 @@ async fn one_batch(idem: &Idempotency, prefix: &str, n: usize, fails: fn(usize) 
     }
 }
 
+/// One batch of `n` fresh keys `{prefix}:{j}` under `give_up_after(3)` whose bodies all fail,
+/// then the same keys claimed again (each holds the record of its failed attempt) and run to
+/// completion. Panics unless the second claim ran every item as its second attempt.
+async fn redelivered_batch(idem: &Idempotency, prefix: &str, n: usize) {
+    let calls = || (0..n).map(|j| Call::new(format!("{prefix}:{j}")).give_up_after(3));
+    let batch = idem.claim::<u64>(calls()).await;
+    let settled = batch.run(1, |_, _| async { Err::<u64, _>("failed") }).await;
+    for (j, s) in settled.iter().enumerate() {
+        assert!(matches!(s, idempotency::Settled::Failed(_)), "batch item {prefix}:{j}: {s:?}");
+    }
+    let batch = idem.claim::<u64>(calls()).await;
+    let settled = batch.run(1, |_, context| async move { Ok::<_, &str>(u64::from(context.attempt())) }).await;
+    for (j, s) in settled.iter().enumerate() {
+        assert!(matches!(s, idempotency::Settled::Executed { value: 2, .. }), "batch item {prefix}:{j}: {s:?}");
+    }
+}
+
 /// Sequential, exact: the commands a batch of 100 costs on a standalone server (top-level
 /// commands, as `check_round_trips` counts them), and how many are script calls. The claim is a
 /// `SET NX GET` per key, in one pipeline; the commit a `SET IFEQ` per key in one pipeline where the
@@ -256,6 +273,17 @@ pub async fn check_batch_round_trips(
     let (commands, script_calls) = if compare_and_set { (151.0, 1.0) } else { (102.0, 2.0) };
     out.push(("batch of 100, half the items failed", per(n), commands));
     out.push(("batch of 100, half the items failed: scripts", per(scripts), script_calls));
+    // Records that keep their counts are the scripts' (claim, failures, claim, commit): one
+    // script call each, not one per item.
+    let (n, scripts) = top
+        .count(&records, async {
+            for b in 0..BATCHES {
+                redelivered_batch(idem, &format!("rt-batch-again:{b}"), 100).await;
+            }
+        })
+        .await;
+    out.push(("batch of 100 under give_up_after, failed, then redelivered", per(n), 4.0));
+    out.push(("batch of 100 under give_up_after, failed, then redelivered: scripts", per(scripts), 4.0));
     out
 }
 
@@ -281,6 +309,14 @@ pub async fn check_pg_batch_round_trips(pg: &Pg) -> Vec<(&'static str, f64, f64)
         }
     })
     .await;
+    // Every item's record keeps its count: the claims are the same one statement (no statement
+    // per item), the failures one, the commit one.
+    let redelivered = pg_count(&pg.counters, async {
+        for b in 0..BATCHES {
+            redelivered_batch(&pg.idem, &format!("rt-batch-again:{b}"), 100).await;
+        }
+    })
+    .await;
     one_tx_batch(&pg.store, &pg.idem, "warm-tx-batch", 10).await;
     let tx = pg_count(&pg.counters, async {
         for b in 0..BATCHES {
@@ -291,6 +327,7 @@ pub async fn check_pg_batch_round_trips(pg: &Pg) -> Vec<(&'static str, f64, f64)
     vec![
         ("pg batch of 100, every item committed", per(n), 2.0),
         ("pg batch of 100, half the items failed", per(failing), 3.0),
+        ("pg batch of 100 under give_up_after, failed, then redelivered", per(redelivered), 4.0),
         // The claim; BEGIN (with the first savepoint); one per item (its savepoint released, the
         // next opened); the records' statement; COMMIT. Bodies that write nothing.
         ("pg transactional batch of 100 (inbox)", per(tx), 104.0),

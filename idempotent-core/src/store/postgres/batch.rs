@@ -14,6 +14,7 @@ struct Item {
     fingerprint: Option<String>,
     lease: Duration,
     keep: Duration,
+    lapse: Lapse,
 }
 
 /// An error for each item a failed statement carried.
@@ -48,9 +49,8 @@ impl PgStore {
         &self,
         requests: &[AcquireRequest<'_>],
     ) -> Vec<Result<AcquireOutcome, StoreError>> {
-        // A caller that will wait marks rows watched, and one whose row keeps its lease's end
-        // writes it: the one-key statement does that.
-        if requests.len() < 2 || requests.iter().any(|r| r.will_wait || r.lapse != Lapse::Free) {
+        // A caller that will wait marks rows watched: the one-key statement does that.
+        if requests.len() < 2 || requests.iter().any(|r| r.will_wait) {
             return one_by_one(requests, |request| self.acquire_inner(request)).await;
         }
         let items: Vec<Item> = requests
@@ -61,6 +61,7 @@ impl PgStore {
                 fingerprint: r.fingerprint.map(str::to_owned),
                 lease: r.lease,
                 keep: r.keep,
+                lapse: r.lapse,
             })
             .collect();
         for item in &items {
@@ -92,17 +93,21 @@ impl PgStore {
         };
         // The items the statement has not settled yet, by index.
         let mut pending: Vec<usize> = (0..items.len()).collect();
-        // The items whose rows only the one-key statement takes (failed attempts counted, or an
-        // attempt past the lease's end it keeps), by index.
-        let mut one_key: Vec<usize> = Vec::new();
         for _ in 0..8 {
             let sent = pending.iter().map(|&i| &items[i]);
             let keys: Vec<String> = sent.clone().map(|item| stored(&item.key).into_owned()).collect();
             let owners: Vec<&str> = sent.clone().map(|item| item.owner.as_str()).collect();
             let fingerprints: Vec<Option<&str>> = sent.clone().map(|item| item.fingerprint.as_deref()).collect();
-            let leases: Vec<i64> = sent.map(|item| millis(item.lease)).collect();
-            let query =
-                sqlx::query(&self.inner.sql.acquire_many).bind(keys).bind(owners).bind(fingerprints).bind(leases);
+            let leases: Vec<i64> = sent.clone().map(|item| millis(item.lease)).collect();
+            let keeps: Vec<i64> = sent.clone().map(|item| millis(item.keep)).collect();
+            let lapses: Vec<&str> = sent.map(|item| item.lapse.code()).collect();
+            let query = sqlx::query(&self.inner.sql.acquire_many)
+                .bind(keys)
+                .bind(owners)
+                .bind(fingerprints)
+                .bind(leases)
+                .bind(keeps)
+                .bind(lapses);
             let rows = match tokio::time::timeout_at(deadline, query.fetch_all(&mut *conn)).await {
                 Err(_) => {
                     for &i in &pending {
@@ -128,11 +133,6 @@ impl PgStore {
             };
             for row in &rows {
                 let Some(i) = item_of("acquire", row, pending.len()).map(|at| pending[at]) else { continue };
-                if row.try_get::<&str, _>("found").is_ok_and(|found| found == "T") {
-                    one_key.push(i);
-                    out[i] = Some(Err(Failed::unsent(StoreError::reply("acquire", "taken by the one-key statement"))));
-                    continue;
-                }
                 match found(Some(row), false) {
                     Ok(Some(outcome)) => out[i] = Some(Ok(outcome)),
                     Ok(None) => {}
@@ -146,11 +146,6 @@ impl PgStore {
             tokio::task::yield_now().await;
         }
         drop(conn);
-        for i in one_key {
-            let item = &items[i];
-            let taking = Taking { lease: item.lease, will_wait: false, lapse: Lapse::Free, keep: item.keep };
-            out[i] = Some(self.acquire_statement(&item.key, &item.owner, item.fingerprint.as_deref(), taking).await);
-        }
         out.into_iter()
             .map(|o| {
                 o.unwrap_or_else(|| {

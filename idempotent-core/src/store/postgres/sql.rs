@@ -310,41 +310,55 @@ impl Statements {
         // one row per item, `i` its position in the arrays (from 1). An item whose key another
         // item of the same batch took in this statement (or whose row changed under the
         // statement) gets no row, or 'X': the caller runs the statement again for those items.
-        // $1 keys, $2 owners, $3 fingerprints, $4 leases (ms). Rows are inserted in key order, so
-        // that two batches over the same keys wait for each other in one order (no deadlock
-        // between their inserts), and the copies of one key in their batch's order, so that the
-        // first copy is the one that takes it (an expired record is taken by its key's first copy alone:
-        // an UPDATE joined to two rows would take either).
+        // $1 keys, $2 owners, $3 fingerprints, $4 leases (ms), $5 keeps (ms), $6 lapses (as the
+        // one-key statement's $6). Takes what the one-key statement takes (an absent key, an
+        // expired row, the record of failed attempts, a row past its lease's end and not held) and
+        // writes the same row (the attempt, the lease's end where it keeps it, `hold`). Rows are
+        // inserted in key order, so that two batches over the same keys wait for each other in one
+        // order (no deadlock between their inserts), and the copies of one key in their batch's
+        // order, so that the first copy is the one that takes it (a row to take again is taken by
+        // its key's first copy alone: an UPDATE joined to two rows would take either).
         let lease_q = "statement_timestamp() + q.lease * interval '1 millisecond'";
+        let keep_q = "q.keep * interval '1 millisecond'";
+        let keeps_end_q = "(q.lapse <> '0' OR r.expires_at > statement_timestamp())";
         let acquire_many = format!(
             "WITH req AS (
-                SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[]) WITH ORDINALITY
-                    AS q(key, owner, fingerprint, lease, i)
+                SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::text[])
+                    WITH ORDINALITY AS q(key, owner, fingerprint, lease, keep, lapse, i)
             ), ins AS (
-                INSERT INTO {t} (key, state, owner, fingerprint, expires_at)
-                SELECT q.key, 'P', q.owner, q.fingerprint, {lease_q} FROM req q ORDER BY q.key, q.i
+                INSERT INTO {t} (key, state, owner, fingerprint, expires_at, attempt, lease_end, hold)
+                SELECT q.key, 'P', q.owner, q.fingerprint,
+                    {lease_q} + CASE WHEN q.lapse = '0' THEN interval '0' ELSE {keep_q} END,
+                    1, CASE WHEN q.lapse <> '0' THEN {lease_q} END, q.lapse = '2'
+                FROM req q ORDER BY q.key, q.i
                 ON CONFLICT (key) DO NOTHING
-                RETURNING key, owner, {seq} AS fence
+                RETURNING key, owner, {seq} AS fence, attempt
             ), took AS (
                 UPDATE {t} AS r SET state = 'P', owner = q.owner, fence = NULL, fingerprint = q.fingerprint,
-                    result = NULL, stored_at = NULL, expires_at = {lease_q}, watched = false, {cleared}
+                    result = NULL, stored_at = NULL, last_error = NULL, hold = q.lapse = '2',
+                    attempt = CASE WHEN r.expires_at <= statement_timestamp() THEN 1
+                        ELSE coalesce(r.attempt, 1) + 1 END,
+                    lease_end = CASE WHEN {keeps_end_q} THEN {lease_q} END,
+                    expires_at = {lease_q} + CASE WHEN {keeps_end_q} THEN {keep_q} ELSE interval '0' END,
+                    watched = r.state = 'P' AND r.expires_at > statement_timestamp() AND r.watched
                 FROM (SELECT DISTINCT ON (key) * FROM req ORDER BY key, i) q
-                WHERE r.key = q.key AND r.expires_at <= statement_timestamp()
+                WHERE r.key = q.key AND {takeable_r}
+                    AND NOT (r.state = 'P' AND r.owner = q.owner AND r.expires_at > statement_timestamp())
                     AND NOT EXISTS (SELECT FROM ins WHERE ins.key = q.key)
-                RETURNING r.key, r.owner, {seq} AS fence
+                RETURNING r.key, r.owner, {seq} AS fence, r.attempt
             )
             SELECT q.i, 'A' AS found, ins.fence, NULL::text AS fingerprint, NULL::bytea AS result,
-                0::bigint AS left_ms, false AS watched, 0::bigint AS marked, 1 AS attempt, NULL::text AS owner,
+                0::bigint AS left_ms, false AS watched, 0::bigint AS marked, ins.attempt, NULL::text AS owner,
                 NULL::text AS last_error, NULL::bigint AS lease_end_ms
             FROM req q JOIN ins ON ins.key = q.key AND ins.owner = q.owner
             UNION ALL
-            SELECT q.i, 'A', took.fence, NULL, NULL, 0, false, 0, 1, NULL, NULL, NULL
+            SELECT q.i, 'A', took.fence, NULL, NULL, 0, false, 0, took.attempt, NULL, NULL, NULL
             FROM req q JOIN took ON took.key = q.key AND took.owner = q.owner
             UNION ALL
             SELECT q.i, CASE
                     WHEN r.expires_at <= statement_timestamp() THEN 'X'
                     WHEN r.state = 'P' AND r.owner = q.owner THEN 'A'
-                    WHEN {takeable_r} THEN 'T'
+                    WHEN {takeable_r} THEN 'X'
                     WHEN {lapsed_r} THEN 'U'
                     ELSE r.state END,
                 CASE WHEN r.state = 'P' AND r.owner = q.owner AND r.expires_at > statement_timestamp() THEN {seq} END,
@@ -357,7 +371,6 @@ impl Statements {
             takeable_r = takeable("r."),
             lapsed_r = lapsed("r."),
             lease_end_ms_r = LEASE_END_MS.replace("{r}", "r."),
-            cleared = CLEARED,
         );
 
         // $1 keys, $2 owners, $3 fences, $4 fingerprints, $5 results, $6 keeps (ms, > 0): `commit`
