@@ -171,8 +171,14 @@ async fn the_resolver_answers_for_the_first_call_that_finds_the_key(backend: Bac
     }
     assert_eq!(attempt(&other, held("1"), &runs).await.unwrap(), "receipt-1");
     assert_eq!(attempt(&other, held("2"), &runs).await.unwrap(), "paid on attempt 2");
+    let scripts = || fx.server.as_ref().map(|s| s.command_calls().get("evalsha").copied().unwrap_or(0));
+    let before = scripts();
     let still = attempt(&other, held("3"), &runs).await;
     assert!(matches!(still, Err(support::AppError::Idem(Error::OutcomeUnknown { .. }))), "{still:?}");
+    // A key still unknown is not asked for again: one acquire (acquire.lua on Redis), no more.
+    if let (Some(before), Some(after)) = (before, scripts()) {
+        assert_eq!(after - before, 1, "script calls for a call whose resolver said the outcome is still unknown");
+    }
     assert_eq!((asked.load(SeqCst), runs.load(SeqCst)), (3, 1));
     // Resolved keys are not asked about again.
     assert_eq!(attempt(&other, held("1"), &runs).await.unwrap(), "receipt-1");

@@ -170,7 +170,9 @@ impl Idempotency {
         match self.apply_resolution(&key, Some(&owner), &resolve, "resolver").await {
             Ok(Resolved::Done) => true,
             // Resolved by someone else meanwhile (or committed late by its holder): look again.
-            Ok(Resolved::NotUnknown(_) | Resolved::Absent) => true,
+            // Still unknown (the resolver could not say): nothing changed, nothing to look at.
+            Ok(Resolved::NotUnknown(state)) => state != crate::store::RecordState::Unknown,
+            Ok(Resolved::Absent) => true,
             Ok(_) => false,
             Err(e) => {
                 tracing::warn!(key = %telemetry::logged_key(&key), error = %e, "idempotency resolution not written; the outcome stays unknown");
