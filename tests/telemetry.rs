@@ -408,6 +408,27 @@ async fn every_outcome_has_its_span_and_counter(backend: Backend) {
     assert!(m.label_values().iter().all(|v| !v.contains("customer-4711")));
 }
 
+/// A batch's items are counted as one call each would be: the attempt that gives up on its key
+/// is a `body_error`, as a single call's is; a redelivery that finds the key given up is
+/// `gave_up`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_counts_its_items_as_single_calls_are_counted() {
+    let _turn = turn().await;
+    let fx = Fixture::new(Backend::Memory, 1).await;
+    let idem = fx.idem(0);
+    let scope = "batch_outcomes";
+    let calls = || (0..2).map(|i| Call::new(format!("delivery-{i}")).scope(scope).give_up_after(1));
+    let batch = idem.claim::<u32>(calls()).await;
+    let settled = batch.run(1, |_, _| async { R::<u32>::Err(AppError::Failed("declined")) }).await;
+    assert!(settled.iter().all(|s| matches!(s, idempotency::Settled::GaveUp { .. })), "{settled:?}");
+    let batch = idem.claim::<u32>(calls()).await;
+    let settled = batch.run(1, |_, _| async { R::Ok(1) }).await;
+    assert!(settled.iter().all(|s| matches!(s, idempotency::Settled::Refused(Error::GaveUp { .. }))), "{settled:?}");
+    let m = metrics();
+    let counted = |outcome: &str| m.counter("idempotency_calls_total", &[("outcome", outcome), ("scope", scope)]);
+    assert_eq!((counted("body_error"), counted("gave_up")), (2, 2));
+}
+
 /// Each transition is a DEBUG event of the call's span; the histograms and gauges move; the
 /// cached replay is a DEBUG span, counted like any other.
 async fn transitions_are_events_and_metrics(backend: Backend) {

@@ -80,8 +80,9 @@ impl<T, E> Settled<T, E> {
             Settled::Replayed(Err(e)) | Settled::Refused(e) | Settled::Unavailable(e) | Settled::Held(e) => {
                 CallOutcome::of_error(e)
             }
-            Settled::Failed(_) => CallOutcome::BodyError,
-            Settled::GaveUp { .. } => CallOutcome::GaveUp,
+            // The attempt that gives up on its key failed as its body: counted as a single
+            // call's last attempt is (`gave_up` is a call that finds the key given up).
+            Settled::Failed(_) | Settled::GaveUp { .. } => CallOutcome::BodyError,
             Settled::InProgress => CallOutcome::Conflict,
         }
     }
