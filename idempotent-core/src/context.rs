@@ -63,12 +63,13 @@ pub(crate) enum Kept {
 }
 
 impl Kept {
-    /// How long a result committed at `now` (by the tokens' clock) is kept.
-    pub(crate) fn left(self, now: SystemTime) -> Duration {
+    /// How long a result committed at `now` (by the tokens' clock) is kept. The clock is read
+    /// only in token mode: a call's `keep` needs no reading of it.
+    pub(crate) fn left(self, now: impl FnOnce() -> SystemTime) -> Duration {
         match self {
             Kept::For(keep) => keep,
             Kept::Token { expires, skew } => {
-                expires.duration_since(now).unwrap_or_default().saturating_add(skew).min(crate::MAX_DURATION)
+                expires.duration_since(now()).unwrap_or_default().saturating_add(skew).min(crate::MAX_DURATION)
             }
         }
     }

@@ -29,7 +29,6 @@ use crate::telemetry;
 use crate::watchdog::Registration;
 
 use super::commit::PendingCommit;
-use super::giving_up::gives_up;
 use super::pipeline::{replay, Prepared};
 use super::resolving::moment;
 use super::settled::{recorded, Settled};
@@ -121,7 +120,7 @@ impl Idempotency {
                 }
                 Ok(Prepared::Store(go)) => {
                     let kept = self.kept(&call, go.token_expires);
-                    match self.taking(&call, &go.key, kept.left(self.inner.token_clock.now())) {
+                    match self.taking(&call, &go.key, kept.left(|| self.inner.token_clock.now())) {
                         Err(e) => slots.push(Slot::Settled(recorded(Settled::Refused(e), &call))),
                         Ok(how) => {
                             slots.push(Slot::Empty);
@@ -382,15 +381,18 @@ where
                 .map(|(i, e)| {
                     let holding = self.holding(*i);
                     let held = &holding.held;
+                    let error = e.to_string();
+                    // What one call's failure would leave: its keep, and whether it gives up.
+                    let failure = idem.failure(&holding.call, held, error_text(&error));
                     Owned {
                         key: held.context.key().to_owned(),
                         owner: held.context.owner().to_owned(),
                         lease: held.lease,
                         attempt: held.context.attempt(),
-                        error: error_text(&e.to_string()).to_owned(),
-                        keep: idem.keep_for(&holding.call, held),
-                        give_up: gives_up(&holding.call, &held.context),
-                        fingerprint: held.fingerprint.clone(),
+                        error: failure.error.to_owned(),
+                        keep: failure.keep,
+                        give_up: failure.give_up,
+                        fingerprint: failure.fingerprint.map(str::to_owned),
                     }
                 })
                 .collect();

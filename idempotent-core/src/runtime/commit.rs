@@ -104,7 +104,7 @@ impl Idempotency {
     /// stays used while any machine may still accept it; after that every machine refuses it
     /// before its record is read, so keeping the record longer would hold memory for nothing.
     pub(super) fn keep_for(&self, call: &Call, held: &Held) -> Duration {
-        self.kept(call, held.token_expires).left(self.inner.token_clock.now())
+        self.kept(call, held.token_expires).left(|| self.inner.token_clock.now())
     }
 
     /// How long a call's result is kept, as its context tells the body (`kept_until`) and its

@@ -121,7 +121,7 @@ impl Idempotency {
 }
 
 /// Whether a failure of the attempt `context` holds gives up on the key.
-pub(super) fn gives_up(call: &Call, context: &CallContext) -> bool {
+fn gives_up(call: &Call, context: &CallContext) -> bool {
     call.give_up_after.is_some_and(|limit| context.attempt() >= limit)
 }
 

@@ -284,7 +284,7 @@ impl Idempotency {
         let Go { key, fingerprint, lease, token_expires } = go;
         let owner = ids::owner_id();
         let kept = self.kept(call, token_expires);
-        let how = self.taking(call, &key, kept.left(self.inner.token_clock.now()))?;
+        let how = self.taking(call, &key, kept.left(|| self.inner.token_clock.now()))?;
         match self.take(&key, owner, lease, fingerprint.as_deref(), how, track).await? {
             Taken::Held { fence, sent, attempt } => {
                 track.outcome =
