@@ -34,6 +34,8 @@ if rec == false then
 end
 -- How many attempts came before this one, when the key can be taken.
 local before = nil
+-- The server's time, in microseconds, once read (one `TIME` per call at most).
+local clock = nil
 if rec == nil then
   before = 0
 elseif rec.s == 'P' and rec.o == owner then
@@ -46,8 +48,8 @@ elseif rec.s == 'P' and rec.o == owner then
 elseif rec.s == 'R' then
   before = rec.a
 elseif rec.s == 'P' and rec.t ~= '' then
-  local now = now_ms()
-  if lapsed(rec, now) then
+  clock = now_us()
+  if lapsed(rec, math.floor(clock / 1000)) then
     if rec.h then
       return { 'unknown', rec.f, rec.o, tonumber(rec.t), rec.a }
     end
@@ -58,7 +60,7 @@ if before ~= nil then
   local attempt = before + 1
   -- The server's time now, after any earlier holder's record was gone: the fence, and where the
   -- lease's end is counted from in a record that keeps it.
-  local now = now_us()
+  local now = clock or now_us()
   if lapse == '0' and attempt == 1 then
     -- The same record a plain `SET NX GET` acquire writes (fence '0', see lib.lua), so that a
     -- commit compares it whole (`SET ... IFEQ`, or commit.lua's fast path) whichever way the key
@@ -94,6 +96,6 @@ if ARGV[4] == '1' and rec.w ~= '1' then
 end
 if rec.t ~= '' and ARGV[5] == '1' then
   -- The lease left, not the record's lifetime past it.
-  left = tonumber(rec.t) - now_ms()
+  left = tonumber(rec.t) - (clock and math.floor(clock / 1000) or now_ms())
 end
 return { 'progress', rec.f, math.max(left, 0) }

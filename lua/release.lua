@@ -16,8 +16,8 @@ end
 if rec.s ~= 'P' or rec.o ~= owner then
   return { 'lost' }
 end
-if rec.t ~= '' and rec.a > 1 and rec.k > 0 then
-  redis.call('SET', key, failure('R', owner, '', rec.a - 1, '', now_ms()), 'PX', rec.k)
+if rec.t ~= '' and rec.a > 1 then
+  put(key, failure('R', owner, '', rec.a - 1, '', now_ms()), rec.k)
 else
   redis.call('DEL', key)
 end
