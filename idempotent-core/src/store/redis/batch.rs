@@ -181,7 +181,8 @@ impl RedisStore {
         let args = |i: usize| {
             let r = &requests[i];
             let pending = record::pending(r.owner, r.fingerprint);
-            [pending.into(), "NX".into(), "PX".into(), millis(r.lease).into(), "GET".into()]
+            let word = Value::from_static_str;
+            [pending.into(), word("NX"), word("PX"), millis(r.lease).into(), word("GET")]
         };
         let replies = self.set_pipelined("acquire", keys, args).await;
         let found = replies.into_iter().enumerate().map(|(i, reply)| match reply {
@@ -233,7 +234,7 @@ impl RedisStore {
             out.extend([
                 record::pending(r.owner, r.fingerprint).as_str().into(),
                 millis(r.lease).into(),
-                if r.fence_now { "1" } else { "0" }.into(),
+                flag(r.fence_now),
             ]);
         };
         let read = |reply: Value| -> Result<Option<Value>, StoreError> {
@@ -296,9 +297,9 @@ impl RedisStore {
                 let r = &requests[plain[j]];
                 [
                     Value::Bytes(completed(r).into()),
-                    "IFEQ".into(),
+                    Value::from_static_str("IFEQ"),
                     pending(r).into(),
-                    "PX".into(),
+                    Value::from_static_str("PX"),
                     millis(r.keep).into(),
                 ]
             };

@@ -338,9 +338,9 @@ impl RedisStore {
         let args: Vec<Value> = vec![
             self.record_key(req.key).into(),
             Value::Bytes(completed.clone()),
-            "IFEQ".into(),
+            Value::from_static_str("IFEQ"),
             pending.into(),
-            "PX".into(),
+            Value::from_static_str("PX"),
             millis(req.keep).into(),
         ];
         let reply = Box::pin(self.client_for(req.key).custom::<Value, Value>(set, args));
@@ -597,6 +597,11 @@ fn commit_script_args(req: &CommitRequest<'_>, pending: &str, completed: bytes::
     ]
 }
 
+/// `"1"` or `"0"`, as the scripts take a flag (a static string: no copy per argument).
+fn flag(on: bool) -> Value {
+    Value::from_static_str(if on { "1" } else { "0" })
+}
+
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
@@ -746,9 +751,9 @@ fn acquire_args(req: &AcquireRequest<'_>) -> [Value; ACQUIRE_ARGS] {
         req.owner.into(),
         millis(req.lease).into(),
         req.fingerprint.unwrap_or("").into(),
-        if req.will_wait { "1" } else { "0" }.into(),
-        if req.report_ttl { "1" } else { "0" }.into(),
-        req.lapse.code().into(),
+        flag(req.will_wait),
+        flag(req.report_ttl),
+        Value::from_static_str(req.lapse.code()),
         millis(req.keep).into(),
     ]
 }
@@ -759,7 +764,7 @@ fn fail_args(req: &FailRequest<'_>) -> [Value; FAIL_ARGS] {
         req.owner.into(),
         i64::from(req.attempt).into(),
         millis(req.keep).into(),
-        if req.give_up { "1" } else { "0" }.into(),
+        flag(req.give_up),
         req.fingerprint.unwrap_or("").into(),
         crate::store::error_text(req.error).into(),
         i64::try_from(unix_ms_now()).unwrap_or(i64::MAX).into(),
