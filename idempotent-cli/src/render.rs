@@ -187,7 +187,9 @@ pub fn record_text(view: &RecordView, place: (&str, &str), now: SystemTime) -> S
     };
     let attempts = match (view.state, view.attempts) {
         (_, None) => dash(),
-        (RecordState::Released, Some(n)) => format!("{n} failed (the next call runs attempt {})", n + 1),
+        (RecordState::Released, Some(n)) => {
+            format!("{n} failed (the next call runs attempt {})", n.saturating_add(1))
+        }
         (RecordState::Failed, Some(n)) => {
             format!("{n} failed: gave up (calls get Error::GaveUp until the key is purged)")
         }
@@ -264,6 +266,31 @@ mod tests {
         assert_eq!(bytes(1229), "1.2 KiB");
         assert_eq!(bytes(5 * 1024 * 1024), "5.0 MiB");
         assert_eq!((count(1, "record"), count(0, "record")), ("1 record".to_owned(), "0 records".to_owned()));
+    }
+
+    /// A stored count at the top of its range (a record written by hand, or damaged) is shown,
+    /// not overflowed: the next attempt's number saturates.
+    #[test]
+    fn a_count_at_its_limit_does_not_overflow() {
+        let view = RecordView {
+            key: "jobs:1".into(),
+            state: RecordState::Released,
+            fence: None,
+            owner: Some("o".into()),
+            started_ms: None,
+            attempts: Some(u32::MAX),
+            last_error: Some("x".into()),
+            lease_end_ms: None,
+            holds: false,
+            stored_ms: None,
+            ttl: None,
+            fingerprint: None,
+            watched: false,
+            replayable: false,
+            result: None,
+        };
+        let text = record_text(&view, ("redis key", "idempotency:{jobs:1}"), SystemTime::now());
+        assert!(text.contains(&format!("{} failed (the next call runs attempt {})", u32::MAX, u32::MAX)), "{text}");
     }
 
     #[test]

@@ -93,9 +93,22 @@ pub async fn run(ctx: &Ctx, args: &StatsArgs, out: &mut impl Write) -> Result<()
         )?;
         if !scopes.is_empty() {
             let width = scopes.iter().map(|(s, _)| s.len()).max().unwrap_or(0).max(5);
-            writeln!(out, "{:<width$}  {:>9}  {:>9}  {:>11}", "SCOPE", "RECORDS", "COMPLETED", "IN_PROGRESS")?;
+            writeln!(
+                out,
+                "{:<width$}  {:>9}  {:>9}  {:>11}  {:>8}  {:>6}  {:>7}",
+                "SCOPE", "RECORDS", "COMPLETED", "IN_PROGRESS", "RELEASED", "FAILED", "UNKNOWN"
+            )?;
             for (scope, c) in &scopes {
-                writeln!(out, "{scope:<width$}  {:>9}  {:>9}  {:>11}", c.total(), c.completed, c.in_progress)?;
+                writeln!(
+                    out,
+                    "{scope:<width$}  {:>9}  {:>9}  {:>11}  {:>8}  {:>6}  {:>7}",
+                    c.total(),
+                    c.completed,
+                    c.in_progress,
+                    c.released,
+                    c.failed,
+                    c.unknown
+                )?;
             }
         }
         match &memory {

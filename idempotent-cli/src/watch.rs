@@ -168,9 +168,16 @@ async fn print_event(ctx: &Ctx, json: bool, op: &str, key: &str, out: &mut impl 
         Some(Inspected::Record(view)) => {
             let ttl = view.ttl.map_or_else(|| "none".to_owned(), render::short_duration);
             let details = match view.state {
-                idempotent_core::store::RecordState::InProgress => {
-                    format!("owner {}, lease {ttl}", view.owner.as_deref().unwrap_or("-"))
-                }
+                // A record that keeps its lease's end (`on_crash = hold`, attempts counted)
+                // lives `keep` past it: its expiry is not the lease.
+                idempotent_core::store::RecordState::InProgress => match view.lease_end_ms {
+                    Some(end) => format!(
+                        "owner {}, lease ends {}, record kept {ttl}",
+                        view.owner.as_deref().unwrap_or("-"),
+                        render::iso8601(end)
+                    ),
+                    None => format!("owner {}, lease {ttl}", view.owner.as_deref().unwrap_or("-")),
+                },
                 idempotent_core::store::RecordState::Completed => format!(
                     "fence {}, result {}, kept {ttl}",
                     view.fence.map_or_else(dash, |f| f.to_string()),

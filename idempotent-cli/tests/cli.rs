@@ -356,7 +356,11 @@ async fn every_command(t: Target) {
     let scope_rows: Vec<Vec<&str>> = lines[2..5].iter().map(|l| l.split_whitespace().collect()).collect();
     assert_eq!(
         scope_rows,
-        [vec!["spread", "30", "30", "0"], vec!["my_crate::payments::pay", "2", "2", "0"], vec!["ops", "2", "1", "1"]],
+        [
+            vec!["spread", "30", "30", "0", "0", "0", "0"],
+            vec!["my_crate::payments::pay", "2", "2", "0", "0", "0", "0"],
+            vec!["ops", "2", "1", "1", "0", "0", "0"]
+        ],
         "{}",
         stats.stdout
     );
@@ -574,6 +578,14 @@ async fn watch_on_a_standalone_server() {
     let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
     let mut seen = Vec::new();
     calls(&idem, &["w:1".to_owned(), "x:1".to_owned()]).await;
+    // A call under on_crash = hold: its record keeps its lease's end and outlives it by `keep`.
+    let held: R<u32> = idem
+        .run(Call::new("2").scope("w").on_crash(idempotency::OnCrash::Hold), || async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            Ok(6)
+        })
+        .await;
+    assert_eq!(held.unwrap(), 6);
     // The completion is printed (the record read after its set) before the key is forgotten.
     let completed = |l: &str| l.contains(" set ") && l.contains(" completed ") && !about(l, "w:1").is_empty();
     lines_until(&mut stdout, &mut seen, completed, Duration::from_secs(10)).await;
@@ -586,6 +598,10 @@ async fn watch_on_a_standalone_server() {
     let w1 = about(&stdout, "w:1");
     assert!(w1.iter().any(|l| l.contains(" set ") && l.contains(" in_progress ")), "{stdout}");
     assert!(w1.iter().any(|l| l.contains(" del ") && l.contains(" absent ")), "{stdout}");
+    // Its lease's end is shown as such, not the record's expiry (lease plus a day's keep).
+    let w2 = about(&stdout, "w:2");
+    let held = w2.iter().find(|l| l.contains(" set ") && l.contains(" in_progress ")).expect(&stdout);
+    assert!(held.contains("lease ends 20") && held.contains("record kept 1d"), "{held}");
     assert!(about(&stdout, "x:1").is_empty(), "--prefix w: let x:1 through: {stdout}");
     let flags = t.raw(&["CONFIG", "GET", "notify-keyspace-events"]).unwrap();
     assert!(["K", "$", "g", "x"].iter().all(|c| flags.lines().nth(1).unwrap().contains(c)), "{flags}");

@@ -166,6 +166,16 @@ async fn killed_holder_is_held_until_the_cli_resolves_it(place: Place) {
     place.payout_then_kill("2");
     tokio::time::sleep(LEASE + ms(300)).await;
     assert!(is_unknown(&call(&idem, "2", &runs).await));
+    // `stats` shows which scope holds an unknown outcome: payouts, 1 completed and 1 unknown.
+    let (code, stats) = place.cli(&["stats"]);
+    assert_eq!(code, 0, "{stats}");
+    let row: Vec<&str> = stats
+        .lines()
+        .find(|l| l.starts_with("payouts "))
+        .unwrap_or_else(|| panic!("no payouts row: {stats}"))
+        .split_whitespace()
+        .collect();
+    assert_eq!(row, ["payouts", "2", "1", "0", "0", "0", "1"], "{stats}");
     let (code, said) = place.cli(&["resolve", "payouts:2", "--release"]);
     assert_eq!(code, 0, "{said}");
     assert_eq!(call(&idem, "2", &runs).await.unwrap(), "paid on attempt 2");
