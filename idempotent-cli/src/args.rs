@@ -8,8 +8,8 @@ use idempotent_core::store::RecordState;
 
 use crate::failure::EXIT_CODES_HELP;
 
-/// Inspect, list, purge, count and watch the records the `idempotency` crate keeps in Redis or
-/// PostgreSQL.
+/// Inspect, list, purge, resolve, count and watch the records the `idempotency` crate keeps in
+/// Redis or PostgreSQL.
 #[derive(Debug, Parser)]
 #[command(name = "idempotency", version, after_help = EXIT_CODES_HELP, max_term_width = 100)]
 pub struct Cli {

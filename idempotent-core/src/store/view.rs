@@ -65,9 +65,11 @@ pub struct RecordView {
     pub key: String,
     /// Its state: in progress, completed, released after a failure, failed for good, or unknown.
     pub state: RecordState,
-    /// The acquisition's fencing token, when the record carries it (a completed record always
-    /// does; an in-progress one on Redis does not: its token is the server's `TIME` read right
-    /// after the acquire, returned to the holder and not stored).
+    /// The acquisition's fencing token, when the record carries it. A completed record does
+    /// when its token was drawn: always on PostgreSQL (the acquire draws it), on Redis only when
+    /// the body read its fence (a token left unread is never drawn). An in-progress one on Redis
+    /// does not (its token is the server's `TIME`, read by the holder when it needs one, and
+    /// not stored).
     pub fence: Option<u64>,
     /// In progress or unknown: the owner id of the attempt holding (or that held) the key.
     pub owner: Option<String>,
