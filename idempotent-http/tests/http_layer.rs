@@ -714,7 +714,28 @@ async fn token_guard_answers_instead_of_issuing(backend: Backend) {
 /// its handler and dies there (its process sends nothing more); once its lease has ended the
 /// second is asked the same request. Returns the second's answer and how many times the handler
 /// started.
-async fn after_a_server_died(backend: Backend, policy: idempotent_core::OnCrash) -> (reqwest::Response, usize) {
+/// What a retry found after the first server died mid-request: its answer, how many times the
+/// handler started, the fixture and the second server's address.
+struct Died {
+    answer: reqwest::Response,
+    runs: usize,
+    fixture: Fixture,
+    url: String,
+}
+
+/// The same payout request as `after_a_server_died` sends, to `url`.
+async fn payout(url: &str) -> reqwest::Response {
+    reqwest::Client::new()
+        .post(url)
+        .header("host", "pay.test")
+        .header("idempotency-key", "\"payout-7\"")
+        .body("70.00")
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn after_a_server_died(backend: Backend, policy: idempotent_core::OnCrash) -> Died {
     const LEASE: Duration = Duration::from_millis(400);
     let fixture = Fixture::new(backend, 2).await;
     let runs = Arc::new(AtomicUsize::new(0));
@@ -758,24 +779,55 @@ async fn after_a_server_died(backend: Backend, policy: idempotent_core::OnCrash)
     tokio::time::sleep(LEASE + Duration::from_millis(300)).await;
     let answer = pay(&second).await.unwrap();
     lost.abort();
-    (answer, runs.load(SeqCst))
+    Died { answer, runs: runs.load(SeqCst), fixture, url: second }
+}
+
+/// The unknown outcome's full key, found as an operator finds it (`list --state unknown`).
+async fn unknown_key(idem: &idempotency::Idempotency) -> String {
+    let filter = idempotency::ScanFilter::default().state(idempotency::store::RecordState::Unknown);
+    let page = idem.scan(&filter, None, 1000).await.unwrap();
+    assert_eq!(page.records.len(), 1, "{page:?}");
+    page.records[0].key.clone()
 }
 
 /// Under `.on_crash(OnCrash::Hold)` a request whose server died mid-handler is not run again:
 /// whether the payout went out is unknown, and a retry gets 409 `outcome-unknown` that says so.
+///
+/// An operator resolves it as docs/http.md says: with a response in the layer's stored form, the
+/// retry replays it; with a bare value, every retry fails (500) until the key is purged.
 async fn a_server_that_died_mid_request_holds_its_key_under_hold(backend: Backend) {
-    let (answer, runs) = after_a_server_died(backend, idempotent_core::OnCrash::Hold).await;
+    let Died { answer, runs, fixture, url } = after_a_server_died(backend, idempotent_core::OnCrash::Hold).await;
     assert!(answer.headers().get("retry-after").is_none(), "retrying does not help");
     let body = problem(answer, 409, "outcome-unknown").await;
     let detail = body["detail"].as_str().unwrap();
     assert!(detail.contains("attempt 1"), "the detail names the attempt: {detail}");
     assert_eq!(runs, 1, "the handler ran again on a held key");
+    let idem = fixture.idem(1);
+    let key = unknown_key(&idem).await;
+    let stored = serde_json::json!({"status": 201, "headers": [], "body": {"text": "paid by hand"}});
+    let resolve = idempotency::Resolve::completed(&stored).unwrap();
+    assert_eq!(idem.resolve("", &key, resolve).await.unwrap(), idempotency::store::Resolved::Done);
+    let replayed = payout(&url).await;
+    assert_eq!(replayed.status(), 201);
+    assert_eq!(replayed.headers()["idempotent-replayed"], "true");
+    assert_eq!(replayed.text().await.unwrap(), "paid by hand");
+
+    let Died { fixture, url, .. } = after_a_server_died(backend, idempotent_core::OnCrash::Hold).await;
+    let idem = fixture.idem(1);
+    let key = unknown_key(&idem).await;
+    let bare = idempotency::Resolve::completed(&"paid").unwrap();
+    assert_eq!(idem.resolve("", &key, bare).await.unwrap(), idempotency::store::Resolved::Done);
+    for _ in 0..2 {
+        assert_eq!(payout(&url).await.status(), 500, "a value the layer cannot read back");
+    }
+    idem.forget("", &key, idempotency::Force::CompletedOnly).await.unwrap();
+    assert_eq!(payout(&url).await.status(), 201, "purged, the key runs again");
 }
 
 /// By default (`OnCrash::Rerun`) the same request after the dead server's lease runs the handler
 /// again: the key is free once the lease ends.
 async fn a_server_that_died_mid_request_frees_its_key_by_default(backend: Backend) {
-    let (answer, runs) = after_a_server_died(backend, idempotent_core::OnCrash::Rerun).await;
+    let Died { answer, runs, .. } = after_a_server_died(backend, idempotent_core::OnCrash::Rerun).await;
     assert_eq!(answer.status(), 201);
     assert_eq!(runs, 2);
 }
