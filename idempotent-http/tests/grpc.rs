@@ -360,7 +360,10 @@ async fn grpc_server_child() {
     let store = idempotency::RedisStore::connect(&url).await.unwrap();
     let idem = Idempotency::new(store.clone());
     let counter: u16 = std::env::var("IDEM_GRPC_REDIS_PORT").unwrap().parse().unwrap();
-    let layer = GrpcIdempotencyLayer::per_client(idem, by_client).ttl(Duration::from_secs(3));
+    let mut layer = GrpcIdempotencyLayer::per_client(idem, by_client).ttl(Duration::from_secs(3));
+    if std::env::var("IDEM_GRPC_HOLD").is_ok() {
+        layer = layer.on_crash(idempotency::OnCrash::Hold);
+    }
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.unwrap();
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
     let service = Charging(counter);
@@ -414,8 +417,17 @@ struct ServerProcess(std::process::Child);
 
 impl ServerProcess {
     fn start(redis: &support::RedisServer, port: u16) -> ServerProcess {
+        ServerProcess::start_with(redis, port, false)
+    }
+
+    /// A server whose layer says `on_crash(Hold)` when `hold`.
+    fn start_with(redis: &support::RedisServer, port: u16, hold: bool) -> ServerProcess {
         use std::io::BufRead;
-        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        let mut command = std::process::Command::new(std::env::current_exe().unwrap());
+        if hold {
+            command.env("IDEM_GRPC_HOLD", "1");
+        }
+        let mut child = command
             .args(["grpc_server_child", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
             .env("IDEM_GRPC_REDIS", redis.url())
             .env("IDEM_GRPC_REDIS_PORT", redis.port().to_string())
@@ -445,15 +457,12 @@ impl Drop for ServerProcess {
     }
 }
 
-/// SIGKILL during a call, after its charge: the key stays held for the lease (3 s, renewed while
-/// the process lived), so a retry on the next server is ABORTED rather than charged again; once
-/// the lease has run out the retry runs, as any layer's does after a crash between the effect
-/// and the commit (docs/guarantees.md), and later retries replay it.
-#[tokio::test]
-async fn a_server_killed_mid_call_holds_the_key_for_its_lease() {
+/// A server (under `.on_crash(OnCrash::Hold)` when `hold`) SIGKILLed during a call, after its
+/// charge: the Redis, and the port a next server listens on.
+async fn charged_then_killed(hold: bool) -> (support::RedisServer, u16) {
     let redis = support::RedisServer::start();
     let port = support::process::free_port();
-    let mut first = ServerProcess::start(&redis, port);
+    let mut first = ServerProcess::start_with(&redis, port, hold);
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let mut c = Client::connect(addr).await;
     let call = tokio::spawn(async move { c.call(CREATE, Some("k"), tea(0), "c1").await });
@@ -467,6 +476,18 @@ async fn a_server_killed_mid_call_holds_the_key_for_its_lease() {
     assert_eq!(charges(), "1", "the first call charged");
     first.kill();
     assert!(call.await.unwrap().is_err(), "the killed server answered nothing");
+    (redis, port)
+}
+
+/// SIGKILL during a call, after its charge: the key stays held for the lease (3 s, renewed while
+/// the process lived), so a retry on the next server is ABORTED rather than charged again; once
+/// the lease has run out the retry runs, as any layer's does after a crash between the effect
+/// and the commit (docs/guarantees.md), and later retries replay it.
+#[tokio::test]
+async fn a_server_killed_mid_call_holds_the_key_for_its_lease() {
+    let (redis, port) = charged_then_killed(false).await;
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let charges = || redis.command(&["GET", "charges"]).unwrap_or_default();
 
     let _second = ServerProcess::start(&redis, port);
     let mut c = Client::connect(addr).await;
@@ -488,6 +509,33 @@ async fn a_server_killed_mid_call_holds_the_key_for_its_lease() {
     let (again, meta) = c.call(CREATE, Some("k"), tea(0), "c1").await.unwrap();
     assert_eq!((again.id, meta.get("idempotent-replayed").unwrap().to_str().unwrap()), (2, "true"));
     assert_eq!(charges(), "2");
+}
+
+/// The same crash under `.on_crash(OnCrash::Hold)`: once the dead server's lease has run out the
+/// retry is not charged again but told `FAILED_PRECONDITION`: whether the charge went through is
+/// unknown until the key is resolved.
+#[tokio::test]
+async fn a_server_killed_mid_call_under_hold_leaves_its_outcome_unknown() {
+    let (redis, port) = charged_then_killed(true).await;
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let charges = || redis.command(&["GET", "charges"]).unwrap_or_default();
+
+    let _second = ServerProcess::start(&redis, port);
+    let mut c = Client::connect(addr).await;
+    let mut seen = Vec::new();
+    for _ in 0..200 {
+        let status = c.call(CREATE, Some("k"), tea(0), "c1").await.expect_err("a held key is not run again");
+        seen.push(status.code());
+        if status.code() != Code::Aborted {
+            assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+            assert!(status.message().contains("unknown"), "{}", status.message());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(seen.first(), Some(&Code::Aborted), "in flight while the lease lasts: {seen:?}");
+    assert_eq!(seen.last(), Some(&Code::FailedPrecondition), "{seen:?}");
+    assert_eq!(charges(), "1", "charged once");
 }
 
 /// The test kit on a gRPC method (`idempotency::grpc::testing::method`): the layered service

@@ -40,7 +40,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::request;
-use idempotent_core::{Idempotency, OnConflict};
+use idempotent_core::{Idempotency, OnConflict, OnCrash};
 use tower_layer::Layer;
 
 pub use service::GrpcIdempotencyService;
@@ -82,6 +82,7 @@ pub(crate) struct GrpcPolicy {
     pub(crate) max_message_bytes: usize,
     pub(crate) store_if: Arc<dyn Fn(i32) -> bool + Send + Sync>,
     pub(crate) on_conflict: OnConflict,
+    pub(crate) on_crash: OnCrash,
     pub(crate) ttl: Option<Duration>,
     pub(crate) keep: Option<Duration>,
 }
@@ -132,6 +133,7 @@ impl GrpcIdempotencyLayer {
                 max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
                 store_if: Arc::new(|code| STORED_CODES.contains(&code)),
                 on_conflict: OnConflict::Reject,
+                on_crash: OnCrash::Rerun,
                 ttl: None,
                 keep: None,
             }),
@@ -174,6 +176,16 @@ impl GrpcIdempotencyLayer {
     /// response, instead of `ABORTED` at once.
     pub fn wait_in_flight(self, patience: Duration) -> Self {
         self.with(|p| p.on_conflict = OnConflict::Wait(patience))
+    }
+
+    /// What a call whose server stops mid-method (killed, or stalled past its lease) leaves its
+    /// key as: free again once the lease ends ([`OnCrash::Rerun`], the default: a retry runs the
+    /// method again), or held ([`OnCrash::Hold`]): whether the method took effect is unknown, and
+    /// a retry gets `FAILED_PRECONDITION` until an operator resolves the key (`idempotency
+    /// resolve`) or the runtime's resolver does. For methods that must never run twice on a
+    /// guess: a payout, a withdrawal.
+    pub fn on_crash(self, policy: OnCrash) -> Self {
+        self.with(|p| p.on_crash = policy)
     }
 
     /// The lease while a call runs (default: the runtime's).

@@ -254,7 +254,7 @@ fn prepare(policy: &GrpcPolicy, parts: &request::Parts) -> Result<Option<(Call, 
         ));
     };
     let scope = idempotent_core::client_key::client_scope(&policy.scope, "key", &client);
-    let mut call = Call::new(key).scope(scope).on_conflict(policy.on_conflict);
+    let mut call = Call::new(key).scope(scope).on_conflict(policy.on_conflict).on_crash(policy.on_crash);
     if let Some(ttl) = policy.ttl {
         call = call.ttl(ttl);
     }
