@@ -77,6 +77,52 @@ impl Recorded {
     }
 }
 
+impl Recorded {
+    /// As [`sent`](Self::sent), for a batch transition: each item recorded as a command of its
+    /// own, sent together and answered together, so that the checker sees per key what one call's
+    /// transition would have shown, while the real store runs its batch path (its pipelines,
+    /// batch scripts, statements over arrays).
+    async fn sent_many<T>(
+        &self,
+        kind: impl Fn(usize) -> OpKind,
+        items: &[(&str, &str)],
+        fut: StoreFuture<'_, Vec<Result<T, StoreError>>>,
+        summary: impl Fn(&Result<T, StoreError>) -> OpResult,
+    ) -> Vec<Result<T, StoreError>> {
+        if self.is_dead() {
+            return items.iter().map(|_| self.gone()).collect();
+        }
+        let proc = self.proc;
+        let ids: Vec<u64> = items
+            .iter()
+            .enumerate()
+            .map(|(i, (key, owner))| {
+                let id = self.ids.fetch_add(1, Ordering::Relaxed);
+                let (key, owner) = ((*key).to_owned(), (*owner).to_owned());
+                self.history.record(Event::OpSent { proc, id, kind: kind(i), key, owner });
+                id
+            })
+            .collect();
+        let out = fut.await;
+        if !self.is_dead() {
+            for (id, answer) in ids.into_iter().zip(&out) {
+                self.history.record(Event::OpAnswered { proc, id, result: summary(answer) });
+            }
+        }
+        out
+    }
+}
+
+fn acquired(out: &Result<AcquireOutcome, StoreError>) -> OpResult {
+    match out {
+        Ok(AcquireOutcome::Acquired { fence, .. }) => OpResult::Acquired { fence: *fence },
+        Ok(AcquireOutcome::InProgress { .. }) => OpResult::InProgress,
+        Ok(AcquireOutcome::Completed { .. }) => OpResult::Completed,
+        Err(e) if e.kind() == StoreErrorKind::Timeout => OpResult::NoReply,
+        _ => OpResult::Error,
+    }
+}
+
 fn transition(r: &Result<Transition, StoreError>) -> OpResult {
     match r {
         Ok(Transition::Done) => OpResult::Done,
@@ -91,14 +137,47 @@ impl Store for Recorded {
     fn acquire<'a>(&'a self, r: AcquireRequest<'a>) -> StoreFuture<'a, Result<AcquireOutcome, StoreError>> {
         StoreFuture::new(async move {
             let (key, owner) = (r.key, r.owner);
-            self.sent(OpKind::Acquire, key, owner, self.inner.acquire(r), |out| match out {
-                Ok(AcquireOutcome::Acquired { fence, .. }) => OpResult::Acquired { fence: *fence },
-                Ok(AcquireOutcome::InProgress { .. }) => OpResult::InProgress,
-                Ok(AcquireOutcome::Completed { .. }) => OpResult::Completed,
-                Err(e) if e.kind() == StoreErrorKind::Timeout => OpResult::NoReply,
-                _ => OpResult::Error,
-            })
-            .await
+            self.sent(OpKind::Acquire, key, owner, self.inner.acquire(r), acquired).await
+        })
+    }
+
+    fn acquire_many<'a>(
+        &'a self,
+        requests: &'a [AcquireRequest<'a>],
+    ) -> StoreFuture<'a, Vec<Result<AcquireOutcome, StoreError>>> {
+        StoreFuture::new(async move {
+            let items: Vec<(&str, &str)> = requests.iter().map(|r| (r.key, r.owner)).collect();
+            self.sent_many(|_| OpKind::Acquire, &items, self.inner.acquire_many(requests), acquired).await
+        })
+    }
+
+    fn commit_many<'a>(
+        &'a self,
+        requests: &'a [CommitRequest<'a>],
+    ) -> StoreFuture<'a, Vec<Result<Transition, StoreError>>> {
+        StoreFuture::new(async move {
+            let items: Vec<(&str, &str)> = requests.iter().map(|r| (r.key, r.owner)).collect();
+            self.sent_many(|_| OpKind::Commit, &items, self.inner.commit_many(requests), transition).await
+        })
+    }
+
+    fn release_many<'a>(
+        &'a self,
+        releases: &'a [(&'a str, &'a str)],
+    ) -> StoreFuture<'a, Vec<Result<Transition, StoreError>>> {
+        StoreFuture::new(async move {
+            self.sent_many(|_| OpKind::Release, releases, self.inner.release_many(releases), transition).await
+        })
+    }
+
+    fn fail_many<'a>(
+        &'a self,
+        requests: &'a [FailRequest<'a>],
+    ) -> StoreFuture<'a, Vec<Result<Transition, StoreError>>> {
+        StoreFuture::new(async move {
+            let items: Vec<(&str, &str)> = requests.iter().map(|r| (r.key, r.owner)).collect();
+            let kind = |i: usize| if requests[i].give_up { OpKind::GiveUp } else { OpKind::Fail };
+            self.sent_many(kind, &items, self.inner.fail_many(requests), transition).await
         })
     }
 
@@ -221,5 +300,41 @@ impl Store for Recorded {
 
     fn call_timeout(&self) -> Option<Duration> {
         self.inner.call_timeout()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A batch's transitions go to the store's own batch path, as one command per item sent
+    /// together (both sent before either is answered), not one transition after the other.
+    #[tokio::test]
+    async fn a_batch_reaches_the_stores_batch_path_each_item_recorded() {
+        let history = History::new();
+        let store = Recorded::new(0, Arc::new(idempotency::MemoryStore::new()), history.clone());
+        let request = |key| AcquireRequest {
+            key,
+            owner: "o1",
+            lease: Duration::from_secs(5),
+            fingerprint: None,
+            will_wait: false,
+            report_ttl: false,
+            fence_now: false,
+            lapse: idempotency::store::Lapse::Free,
+            keep: Duration::from_secs(5),
+        };
+        let found = store.acquire_many(&[request("s:a"), request("s:b")]).await;
+        assert!(found.iter().all(|f| matches!(f, Ok(AcquireOutcome::Acquired { .. }))), "{found:?}");
+        let order: Vec<&str> = history
+            .events()
+            .iter()
+            .map(|(_, e)| match e {
+                Event::OpSent { .. } => "sent",
+                Event::OpAnswered { .. } => "answered",
+                _ => "other",
+            })
+            .collect();
+        assert_eq!(order, ["sent", "sent", "answered", "answered"]);
     }
 }
