@@ -43,9 +43,10 @@ use idempotent_explore::check::check;
 use idempotent_explore::history::{Event, History, OpResult, Returned};
 use idempotent_explore::recorded::Recorded;
 use idempotent_explore::run::{
-    full_key, one_call, probe_every_key, process_runtime, quiet_planned_panics, AppError, BoxedBody, InTransaction,
+    full_key, one_batch, one_call, probe_every_key, process_runtime, quiet_planned_panics, AppError, BoxedBody,
+    InTransaction,
 };
-use idempotent_explore::schedule::{server_schedule, Crash, FaultKind, Schedule};
+use idempotent_explore::schedule::{server_schedule, CallSpec, Crash, FaultKind, Schedule};
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 use std::future::Future;
@@ -290,6 +291,8 @@ struct Stats {
     /// Batches of one run in a transaction with their records (PostgreSQL), and how many of them
     /// committed.
     in_transaction: (u64, u64),
+    /// Batches of several calls (`CallSpec::with_previous`), and the calls in them.
+    batches: (u64, u64),
 }
 
 /// What a run is asked for: how long, how many schedules at most, from which seed, and which
@@ -362,6 +365,10 @@ fn explore(server: Server, valkey: bool) {
             }
             stats.schedules += 1;
             stats.calls += schedule.calls.len() as u64;
+            for group in schedule.groups().iter().filter(|g| g.len() > 1) {
+                stats.batches.0 += 1;
+                stats.batches.1 += group.len() as u64;
+            }
             let events = history.events();
             for (_, e) in &events {
                 match e {
@@ -406,6 +413,7 @@ fn explore(server: Server, valkey: bool) {
         "documented exceptions met on {name}: {}",
         if named.is_empty() { "none".into() } else { named.join(", ") }
     );
+    println!("batches of several calls on {name}: {} ({} calls)", stats.batches.0, stats.batches.1);
     if stats.in_transaction.0 > 0 {
         let (calls, committed) = stats.in_transaction;
         println!("batches in one transaction with their records on {name}: {calls} calls, {committed} committed");
@@ -650,8 +658,10 @@ async fn play(
             *l = Life { idem: Some(idem), recorded, crashed: watch::channel(false).0 };
         });
     }
-    for (id, spec) in schedule.calls.iter().enumerate() {
-        let (life, h, spec, at) = (lives[spec.proc].clone(), history.clone(), spec.clone(), start + ms(spec.at_ms));
+    for group in schedule.groups() {
+        let group: Vec<(usize, CallSpec)> = group.into_iter().map(|id| (id, schedule.calls[id].clone())).collect();
+        let spec = &group[0].1;
+        let (life, h, at) = (lives[spec.proc].clone(), history.clone(), start + ms(spec.at_ms));
         let (timeout, tokens) = (ms(schedule.timeouts_ms[spec.proc]), tokens.clone());
         let tx = in_transaction[spec.proc].clone();
         tasks.spawn(async move {
@@ -661,9 +671,19 @@ async fn play(
                 let Some(idem) = l.idem.clone() else { return };
                 (idem, l.crashed.subscribe())
             };
+            let calls = async {
+                match &group[..] {
+                    [(id, spec)] => _ = one_call(&idem, &h, *id, spec, timeout, false, &tokens, tx.as_deref()).await,
+                    _ => one_batch(&idem, &h, &group, timeout, &tokens).await,
+                }
+            };
             tokio::select! {
-                _ = one_call(&idem, &h, id, &spec, timeout, false, &tokens, tx.as_deref()) => {}
-                _ = crashed.wait_for(|c| *c) => h.record(Event::Return { call: id, returned: Returned::Cancelled }),
+                _ = calls => {}
+                _ = crashed.wait_for(|c| *c) => {
+                    for (id, _) in &group {
+                        h.record(Event::Return { call: *id, returned: Returned::Cancelled });
+                    }
+                }
             }
         });
     }

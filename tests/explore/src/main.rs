@@ -97,6 +97,8 @@ struct Stats {
     by_kind: BTreeMap<&'static str, u64>,
     /// Replays answered by a replay cache.
     cached: u64,
+    /// Batches of several calls (`with_previous`), and the calls in them.
+    batches: (u64, u64),
     exceptions: BTreeMap<&'static str, usize>,
 }
 
@@ -109,6 +111,10 @@ impl Stats {
             *self.by_kind.entry(fault_kind(&f.kind)).or_default() += 1;
         }
         *self.by_kind.entry("purge").or_default() += s.purges.len() as u64;
+        for group in s.groups().iter().filter(|g| g.len() > 1) {
+            self.batches.0 += 1;
+            self.batches.1 += group.len() as u64;
+        }
         *self.by_kind.entry("record lost").or_default() += s.losses.len() as u64;
         for (name, n) in exceptions {
             *self.exceptions.entry(name).or_default() += n;
@@ -177,8 +183,9 @@ fn main() -> ExitCode {
             }
         }
     }
-    let Stats { schedules, calls, faults, by_kind, cached, exceptions } = stats.into_inner();
+    let Stats { schedules, calls, faults, by_kind, cached, batches, exceptions } = stats.into_inner();
     println!("replays answered by a replay cache: {cached}");
+    println!("batches of several calls: {} ({} calls)", batches.0, batches.1);
     let kinds: Vec<String> = by_kind.iter().map(|(k, n)| format!("{k} {n}")).collect();
     println!("faults by kind: {}", kinds.join(", "));
     let named: Vec<String> = exceptions.iter().map(|(k, n)| format!("{k}: {n}")).collect();

@@ -199,13 +199,18 @@ async fn play_in(schedule: &Schedule, store: Store) -> History {
             resolve(&admin, &h, key, completed, i).await;
         });
     }
-    for (id, spec) in schedule.calls.iter().enumerate() {
-        let (idem, h, spec, at) = (idems[spec.proc].clone(), history.clone(), spec.clone(), start + ms(spec.at_ms));
+    for group in schedule.groups() {
+        let group: Vec<(CallId, CallSpec)> = group.into_iter().map(|id| (id, schedule.calls[id].clone())).collect();
+        let spec = &group[0].1;
+        let (idem, h, at) = (idems[spec.proc].clone(), history.clone(), start + ms(spec.at_ms));
         let timeout = ms(schedule.timeouts_ms[spec.proc]);
         let tokens = tokens.clone();
         tasks.spawn(async move {
             tokio::time::sleep_until(at).await;
-            one_call(&idem, &h, id, &spec, timeout, false, &tokens, None).await;
+            match &group[..] {
+                [(id, spec)] => _ = one_call(&idem, &h, *id, spec, timeout, false, &tokens, None).await,
+                _ => one_batch(&idem, &h, &group, timeout, &tokens).await,
+            }
         });
     }
     // Every call ends within its bound (I6 says how long); a minute of schedule time is far past it.
@@ -264,6 +269,7 @@ pub async fn probe_every_key(schedule: &Schedule, idems: &[Idempotency], history
                 lock,
                 batch: false,
                 in_transaction: false,
+                with_previous: false,
                 token,
                 ttl_ms: PROBE_TTL_MS,
                 keep_ms: 1000,
@@ -305,29 +311,7 @@ pub async fn one_call(
 ) -> Returned {
     // A batch in a transaction where the layer has one; else as the spec says otherwise.
     let tx = tx.filter(|_| spec.batch && spec.in_transaction && !spec.lock);
-    let patience = spec.wait_ms.map_or(Duration::ZERO, ms);
-    // Acquiring: each acquire (and the watch) within the store's timeout, after the patience; the
-    // commit within its deadline (twice the timeout); a release within the timeout.
-    let bound = patience + 6 * timeout + ms(20);
-    h.record(Event::Invoke {
-        call: id,
-        proc: spec.proc,
-        key: key_of(spec),
-        // A used token's record is kept until the token expires and the clock skew allowed
-        // after it, whatever `keep` says: at most its life and the skew.
-        keep: if spec.token && !spec.lock { TOKEN_LIFE + idempotency::DEFAULT_TOKEN_SKEW } else { ms(spec.keep_ms) },
-        lock: spec.lock,
-        // A lock guard is not aborted: its holder selects on `lost()` itself.
-        abort: spec.abort_on_lease_lost && !spec.lock,
-        bound,
-        probe,
-        unholdable: unholdable(spec),
-        token: spec.token && !spec.lock,
-        transactional: tx.is_some(),
-        ttl: ms(spec.ttl_ms),
-        hold: spec.hold && !spec.lock,
-        give_up: spec.give_up.filter(|_| !spec.lock),
-    });
+    invoke(h, id, spec, timeout, probe, tx.is_some(), Duration::ZERO);
     let work = async {
         if spec.lock {
             take_lock(idem, h, id, spec).await
@@ -345,6 +329,42 @@ pub async fn one_call(
     returned
 }
 
+/// Records the call `id` invoked as `spec` says; `others` is how long the bodies of the calls
+/// claimed in the same batch may take besides its own (its items settle together).
+fn invoke(
+    h: &History,
+    id: CallId,
+    spec: &CallSpec,
+    timeout: Duration,
+    probe: bool,
+    transactional: bool,
+    others: Duration,
+) {
+    let patience = spec.wait_ms.map_or(Duration::ZERO, ms);
+    // Acquiring: each acquire (and the watch) within the store's timeout, after the patience; the
+    // commit within its deadline (twice the timeout); a release within the timeout.
+    let bound = patience + 6 * timeout + ms(20) + others;
+    h.record(Event::Invoke {
+        call: id,
+        proc: spec.proc,
+        key: key_of(spec),
+        // A used token's record is kept until the token expires and the clock skew allowed
+        // after it, whatever `keep` says: at most its life and the skew.
+        keep: if spec.token && !spec.lock { TOKEN_LIFE + idempotency::DEFAULT_TOKEN_SKEW } else { ms(spec.keep_ms) },
+        lock: spec.lock,
+        // A lock guard is not aborted: its holder selects on `lost()` itself.
+        abort: spec.abort_on_lease_lost && !spec.lock,
+        bound,
+        probe,
+        unholdable: unholdable(spec),
+        token: spec.token && !spec.lock,
+        transactional,
+        ttl: ms(spec.ttl_ms),
+        hold: spec.hold && !spec.lock,
+        give_up: spec.give_up.filter(|_| !spec.lock),
+    });
+}
+
 /// `fut`'s output, or `Returned::Panicked` if polling it panicked.
 async fn caught(fut: impl Future<Output = Returned>) -> Result<Returned, Returned> {
     let mut fut = pin!(fut);
@@ -356,14 +376,8 @@ async fn caught(fut: impl Future<Output = Returned>) -> Result<Returned, Returne
     .await
 }
 
-async fn guarded(
-    idem: &Idempotency,
-    h: &History,
-    id: CallId,
-    spec: &CallSpec,
-    tokens: &[String],
-    tx: Option<&dyn InTransaction>,
-) -> Returned {
+/// The call `spec` makes.
+fn call_of(spec: &CallSpec, tokens: &[String]) -> Call {
     let call = if spec.token {
         Call::token(tokens[spec.key].as_str())
     } else {
@@ -377,47 +391,114 @@ async fn guarded(
         .abort_on_lease_lost(spec.abort_on_lease_lost)
         .renew(spec.renew)
         .on_crash(if spec.hold { OnCrash::Hold } else { OnCrash::Rerun });
-    let call = match spec.give_up {
+    match spec.give_up {
         Some(n) => call.give_up_after(n),
         None => call,
-    };
-    let body = || async {
-        let ctx = CallContext::current().expect("a guarded body has its context");
-        let mut ended = Ending { h, call: id, done: false };
-        h.record(Event::BodyStart {
-            call: id,
-            owner: ctx.owner().to_owned(),
-            fence: None,
-            attempt: ctx.attempt(),
-            lost: ctx.is_lease_lost(),
-        });
-        // The fence, if the body asks for it, while its steps go on: read from the store on
-        // Redis (the acquisition left it unread), at any point of the lease.
-        let fence_read = async {
-            if let Some(after) = spec.fence_ms {
-                tokio::time::sleep(ms(after)).await;
-                let fence = ctx.fence().await.ok();
-                h.record(Event::FenceRead { call: id, fence });
-            }
-        };
-        steps(h, id, &spec.steps_ms, || ctx.is_lease_lost(), [ctx.lost()], fence_read).await;
-        ended.done = true;
-        let value = format!("v{id}");
-        match spec.end {
-            End::Ok => {
-                h.record(Event::BodyEnd { call: id, end: BodyEnd::Ok(value.clone()) });
-                Ok(value)
-            }
-            End::Err => {
-                h.record(Event::BodyEnd { call: id, end: BodyEnd::Failed });
-                Err(AppError::Body)
-            }
-            End::Panic => {
-                h.record(Event::BodyEnd { call: id, end: BodyEnd::Panicked });
-                panic!("{PLANNED_PANIC}");
-            }
+    }
+}
+
+/// The body of the call `id`, as `spec` says, under the context of its call.
+async fn body(h: &History, id: CallId, spec: &CallSpec) -> Result<String, AppError> {
+    let ctx = CallContext::current().expect("a guarded body has its context");
+    let mut ended = Ending { h, call: id, done: false };
+    h.record(Event::BodyStart {
+        call: id,
+        owner: ctx.owner().to_owned(),
+        fence: None,
+        attempt: ctx.attempt(),
+        lost: ctx.is_lease_lost(),
+    });
+    // The fence, if the body asks for it, while its steps go on: read from the store on
+    // Redis (the acquisition left it unread), at any point of the lease.
+    let fence_read = async {
+        if let Some(after) = spec.fence_ms {
+            tokio::time::sleep(ms(after)).await;
+            let fence = ctx.fence().await.ok();
+            h.record(Event::FenceRead { call: id, fence });
         }
     };
+    steps(h, id, &spec.steps_ms, || ctx.is_lease_lost(), [ctx.lost()], fence_read).await;
+    ended.done = true;
+    let value = format!("v{id}");
+    match spec.end {
+        End::Ok => {
+            h.record(Event::BodyEnd { call: id, end: BodyEnd::Ok(value.clone()) });
+            Ok(value)
+        }
+        End::Err => {
+            h.record(Event::BodyEnd { call: id, end: BodyEnd::Failed });
+            Err(AppError::Body)
+        }
+        End::Panic => {
+            h.record(Event::BodyEnd { call: id, end: BodyEnd::Panicked });
+            panic!("{PLANNED_PANIC}");
+        }
+    }
+}
+
+/// What a batch's item settled as, as the call returns it.
+fn returned_of(settled: Settled<String, AppError>) -> Returned {
+    match settled {
+        Settled::Executed { value, stored } => Returned::Ok { value, replayed: false, cached: false, stored },
+        Settled::Replayed(Ok(value)) => Returned::Ok { value, replayed: true, cached: false, stored: true },
+        Settled::Failed(AppError::Body) | Settled::GaveUp { error: AppError::Body, .. } => Returned::BodyErr,
+        Settled::Failed(AppError::Lib(e)) | Settled::GaveUp { error: AppError::Lib(e), .. } => {
+            Returned::Err(error_name(&e))
+        }
+        // As one call that does not wait is told.
+        Settled::InProgress => Returned::Err("Conflict".into()),
+        Settled::Replayed(Err(e)) | Settled::Refused(e) | Settled::Unavailable(e) | Settled::Held(e) => {
+            Returned::Err(error_name(&e))
+        }
+    }
+}
+
+/// Makes the calls of one batch of several (`CallSpec::with_previous`) as their specs say,
+/// claimed together and their bodies run at once, and records each as a call of its own: its
+/// invocation (its bound counting the others' bodies too: the items settle together) and what
+/// it returned.
+pub async fn one_batch(
+    idem: &Idempotency,
+    h: &History,
+    group: &[(CallId, CallSpec)],
+    timeout: Duration,
+    tokens: &[String],
+) {
+    // A body takes its steps, and alongside them a fence read that starts `fence_ms` in and
+    // takes at most the store's timeout.
+    let longest = |spec: &CallSpec| ms(spec.steps_ms.iter().sum::<u64>().max(spec.fence_ms.unwrap_or(0))) + timeout;
+    let all: Duration = group.iter().map(|(_, spec)| longest(spec)).sum();
+    for (id, spec) in group {
+        invoke(h, *id, spec, timeout, false, false, all - longest(spec));
+    }
+    let work = async {
+        let batch = idem.claim::<String>(group.iter().map(|(_, spec)| call_of(spec, tokens))).await;
+        batch.run(group.len(), |i, _| body(h, group[i].0, &group[i].1)).await
+    };
+    let mut work = pin!(work);
+    let settled = std::future::poll_fn(|cx| match catch_unwind(AssertUnwindSafe(|| work.as_mut().poll(cx))) {
+        Ok(Poll::Pending) => Poll::Pending,
+        Ok(Poll::Ready(settled)) => Poll::Ready(Some(settled)),
+        Err(_) => Poll::Ready(None),
+    })
+    .await;
+    let mut settled = settled.map(|items| items.into_iter());
+    for (id, _) in group {
+        let returned = settled.as_mut().and_then(Iterator::next).map_or(Returned::Panicked, returned_of);
+        h.record(Event::Return { call: *id, returned });
+    }
+}
+
+async fn guarded(
+    idem: &Idempotency,
+    h: &History,
+    id: CallId,
+    spec: &CallSpec,
+    tokens: &[String],
+    tx: Option<&dyn InTransaction>,
+) -> Returned {
+    let call = call_of(spec, tokens);
+    let body = || body(h, id, spec);
     if spec.batch {
         let batch = idem.claim::<String>([call]).await;
         let settled = match tx {
@@ -451,24 +532,11 @@ async fn guarded(
                 settled
             }
             None => {
-                let mut body = Some(body);
-                let settled = batch.run(1, move |_, _| (body.take().expect("a batch of one runs one body"))()).await;
+                let settled = batch.run(1, |_, _| body()).await;
                 settled.into_iter().next().expect("a batch of one settles one item")
             }
         };
-        return match settled {
-            Settled::Executed { value, stored } => Returned::Ok { value, replayed: false, cached: false, stored },
-            Settled::Replayed(Ok(value)) => Returned::Ok { value, replayed: true, cached: false, stored: true },
-            Settled::Failed(AppError::Body) | Settled::GaveUp { error: AppError::Body, .. } => Returned::BodyErr,
-            Settled::Failed(AppError::Lib(e)) | Settled::GaveUp { error: AppError::Lib(e), .. } => {
-                Returned::Err(error_name(&e))
-            }
-            // As one call that does not wait is told.
-            Settled::InProgress => Returned::Err("Conflict".into()),
-            Settled::Replayed(Err(e)) | Settled::Refused(e) | Settled::Unavailable(e) | Settled::Held(e) => {
-                Returned::Err(error_name(&e))
-            }
-        };
+        return returned_of(settled);
     }
     match idem.run_with_outcome(call, body).await {
         Ok((value, outcome)) => {

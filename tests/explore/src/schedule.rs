@@ -24,7 +24,8 @@ pub struct CallSpec {
     pub key: usize,
     /// A lock guard (`Idempotency::lock`) instead of a guarded call.
     pub lock: bool,
-    /// Through a batch of one (`Idempotency::claim`, then `Batch::run`) instead of `run`: the
+    /// Through a batch (`Idempotency::claim`, then `Batch::run`) instead of `run`, of one call or
+    /// of several (`with_previous`): the
     /// store's batch transitions and the batch's own windows (its claim, its drop guard, its
     /// commit) under the faults. A batch never waits (`wait_ms` is `None`), and a process with a
     /// replay cache makes none (a batch's item does not say whether its replay came from it).
@@ -33,6 +34,12 @@ pub struct CallSpec {
     /// (PostgreSQL's inbox pattern, `PgStore::run_batch_in_transaction`), where the layer playing
     /// the schedule has such a store; elsewhere a plain batch.
     pub in_transaction: bool,
+    /// Claimed in the same batch as the call before it in the schedule's list (a batch of
+    /// several, up to [`MAX_BATCH`] items, copies of one key among them): the store's batch
+    /// transitions over many keys (pipelines, batch scripts, statements over arrays) under the
+    /// faults. Such a batch's calls are plain batches of one process, at the first one's time,
+    /// whose bodies neither panic nor are cancelled (a batch settles its items together).
+    pub with_previous: bool,
     /// Token mode: the call's key is a token process 0 issued for key `key` at the start (every
     /// process must take it: they share the store's token secret).
     pub token: bool,
@@ -144,6 +151,24 @@ impl Schedule {
     }
 }
 
+/// The most calls a schedule claims in one batch.
+pub const MAX_BATCH: usize = 3;
+
+impl Schedule {
+    /// The schedule's batches and lone calls, by index in `calls`, in order: each call in one
+    /// group, a batch of several (`with_previous`) as one group.
+    pub fn groups(&self) -> Vec<Vec<usize>> {
+        let mut groups: Vec<Vec<usize>> = Vec::new();
+        for (i, c) in self.calls.iter().enumerate() {
+            match groups.last_mut() {
+                Some(group) if c.with_previous => group.push(i),
+                _ => groups.push(vec![i]),
+            }
+        }
+        groups
+    }
+}
+
 /// Times on a 10 ms grid, so that events of one schedule fall on the same instants often.
 fn at(max_ms: u64) -> impl Strategy<Value = u64> {
     (0..=max_ms / 10).prop_map(|t| t * 10)
@@ -182,7 +207,7 @@ fn call(procs: usize, keys: usize) -> impl Strategy<Value = CallSpec> {
         (ttl(), keep(), prop::option::weighted(0.3, at(1500)), prop::bool::weighted(0.15)),
         (prop::bool::weighted(0.3), prop::bool::weighted(0.9), prop::option::weighted(0.6, at(600))),
         (prop::collection::vec(at(1200), 0..3), end(), prop::option::weighted(0.15, at(1500))),
-        (prop::bool::weighted(0.15), prop::option::weighted(0.15, 2..=3u32)),
+        (prop::bool::weighted(0.15), prop::option::weighted(0.15, 2..=3u32), prop::bool::weighted(0.5)),
     )
         .prop_map(
             |(
@@ -190,7 +215,7 @@ fn call(procs: usize, keys: usize) -> impl Strategy<Value = CallSpec> {
                 (ttl_ms, keep_ms, wait_ms, reject),
                 (abort, renew, fence_ms),
                 (steps_ms, end, cancel_ms),
-                (hold, give_up),
+                (hold, give_up, with_previous),
             )| {
                 CallSpec {
                     at_ms,
@@ -201,6 +226,8 @@ fn call(procs: usize, keys: usize) -> impl Strategy<Value = CallSpec> {
                     // Half the batches, by their time's parity on its 10 ms grid (`at_ms` itself
                     // is always even: every batch was in a transaction).
                     in_transaction: batch && (at_ms / 10) % 2 == 0,
+                    // Decided with the schedule (`grouped`): whether it may join the call before.
+                    with_previous,
                     token,
                     ttl_ms,
                     keep_ms,
@@ -235,6 +262,37 @@ fn fault(procs: usize) -> impl Strategy<Value = Fault> {
         len_ms,
         kind,
     })
+}
+
+/// Makes batches of several: a call that asked to join the call before it (`with_previous`)
+/// does when that one is a plain batch (of a process without a replay cache, not in a
+/// transaction), at most [`MAX_BATCH`] to a batch. It becomes a plain batch of that process at
+/// that time, on its own key or a copy of another; the batch's bodies neither panic nor are
+/// cancelled (a batch settles its items together). Every other call's `with_previous` is cleared.
+fn grouped(calls: &mut [CallSpec]) {
+    let mut size = 1;
+    for i in 0..calls.len() {
+        let prev = i.checked_sub(1).map(|p| calls[p].clone());
+        let joins = match &prev {
+            Some(p) => calls[i].with_previous && p.batch && !p.in_transaction && !p.lock && size < MAX_BATCH,
+            None => false,
+        };
+        calls[i].with_previous = joins;
+        let Some(prev) = prev.filter(|_| joins) else {
+            size = 1;
+            continue;
+        };
+        size += 1;
+        let c = &mut calls[i];
+        (c.proc, c.at_ms) = (prev.proc, prev.at_ms);
+        (c.batch, c.lock, c.in_transaction, c.wait_ms) = (true, false, false, None);
+        for c in [i - 1, i] {
+            calls[c].cancel_ms = None;
+            if calls[c].end == End::Panic {
+                calls[c].end = End::Err;
+            }
+        }
+    }
 }
 
 /// The strategy: 2 or 3 processes, 1 or 2 keys, up to 15 calls, 4 faults, 3 purges and a loss, in
@@ -273,6 +331,7 @@ pub fn schedule() -> impl Strategy<Value = Schedule> {
                                 c.in_transaction &= c.batch;
                             }
                         }
+                        grouped(&mut calls);
                         calls
                     },
                     faults,
@@ -339,6 +398,8 @@ impl fmt::Display for Schedule {
         for (i, c) in self.calls.iter().enumerate() {
             let what = if c.lock {
                 "lock"
+            } else if c.with_previous {
+                "same batch as the call before"
             } else if c.batch && c.token {
                 "token batch"
             } else if c.batch {

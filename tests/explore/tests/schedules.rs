@@ -14,6 +14,7 @@ fn call(at_ms: u64, proc: usize) -> CallSpec {
         lock: false,
         batch: false,
         in_transaction: false,
+        with_previous: false,
         token: false,
         ttl_ms: 1000,
         keep_ms: 5000,
@@ -218,4 +219,46 @@ fn a_key_given_up_runs_no_more() {
         losses: Vec::new(),
         resolutions: Vec::new(),
     });
+}
+
+/// A batch of several (`with_previous`): two keys and a copy of the first claimed together by one
+/// process while another process's call and a failed attempt go on around them, a reply delayed
+/// in the middle. Each item is held to every invariant as one call is; the copy is told the key
+/// is in progress (its first copy runs), and each key's body runs once.
+#[test]
+fn a_batch_of_several_keys_and_a_copy_keeps_every_guarantee() {
+    let batch = |at_ms: u64, key: usize, with_previous: bool| CallSpec {
+        batch: true,
+        with_previous,
+        key,
+        steps_ms: vec![100],
+        ..call(at_ms, 0)
+    };
+    let failing = CallSpec { key: 1, end: End::Err, give_up: Some(3), ..call(0, 1) };
+    let schedule = Schedule {
+        caches: vec![false, false],
+        timeouts_ms: vec![1000, 1000],
+        calls: vec![failing, batch(50, 0, false), batch(50, 1, true), batch(50, 0, true), call(60, 1), call(400, 1)],
+        faults: faults(&[(0, 40, 30, FaultKind::DelayDown(80))]),
+        purges: Vec::new(),
+        losses: Vec::new(),
+        resolutions: Vec::new(),
+    };
+    assert_eq!(schedule.groups(), vec![vec![0], vec![1, 2, 3], vec![4], vec![5]]);
+    holds(&schedule);
+    for store in [Store::Memory, Store::Model] {
+        let events = play(&schedule, store).events();
+        let returned = |call: usize| {
+            events.iter().find_map(|(_, e)| match e {
+                Event::Return { call: c, returned } if *c == call => Some(format!("{returned:?}")),
+                _ => None,
+            })
+        };
+        let bodies = |call: usize| {
+            events.iter().filter(|(_, e)| matches!(e, Event::BodyStart { call: c, .. } if *c == call)).count()
+        };
+        assert!(returned(1).is_some_and(|r| r.contains("Ok")), "{store:?}: {:?}", returned(1));
+        assert_eq!(returned(3).as_deref(), Some("Err(\"Conflict\")"), "{store:?}");
+        assert_eq!((bodies(1), bodies(2), bodies(3)), (1, 1, 0), "{store:?}");
+    }
 }
