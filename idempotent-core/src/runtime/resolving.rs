@@ -167,12 +167,13 @@ impl Idempotency {
                 return false;
             }
         };
+        // Still unknown (the resolver could not say): nothing is sent, nothing changed.
+        let unchanged = matches!(resolve, Resolve::StillUnknown);
         match self.apply_resolution(&key, Some(&owner), &resolve, "resolver").await {
             Ok(Resolved::Done) => true,
-            // Resolved by someone else meanwhile (or committed late by its holder): look again.
-            // Still unknown (the resolver could not say): nothing changed, nothing to look at.
-            Ok(Resolved::NotUnknown(state)) => state != crate::store::RecordState::Unknown,
-            Ok(Resolved::Absent) => true,
+            // The store found the key otherwise: resolved by someone else meanwhile, committed
+            // late by its holder, or held unknown by a later holder. Look again.
+            Ok(Resolved::NotUnknown(_) | Resolved::Absent) => !unchanged,
             Ok(_) => false,
             Err(e) => {
                 tracing::warn!(key = %telemetry::logged_key(&key), error = %e, "idempotency resolution not written; the outcome stays unknown");
