@@ -571,8 +571,11 @@ pub fn check(events: &[(Micros, Event)]) -> Report {
             violation("I6", &c.key, format!("call #{} never returned", c.id));
             continue;
         };
-        // I8: refused what cannot be held, taken what is genuine.
-        if c.unholdable && (c.body.is_some() || !matches!(returned, Returned::Err(e) if e == "InvalidCall")) {
+        // I8: refused what cannot be held, taken what is genuine. A caller gone before it heard
+        // (its process crashed while the batch it was claimed in still ran its other items) is
+        // told nothing; its body never ran all the same.
+        let refused = matches!(returned, Returned::Err(e) if e == "InvalidCall") || *returned == Returned::Cancelled;
+        if c.unholdable && (c.body.is_some() || !refused) {
             violation(
                 "I8",
                 &c.key,
@@ -1274,6 +1277,17 @@ mod tests {
             *u = true;
         }
         assert!(unholdable.check().contains(&"I8"));
+        // Claimed in a batch whose process crashed before the batch settled: told nothing, run never.
+        let mut gone = H::default().invoke(0, 0, 0).ret(MS, 0, Returned::Cancelled);
+        if let Event::Invoke { unholdable: u, .. } = &mut gone.0[0].1 {
+            *u = true;
+        }
+        assert_eq!(gone.check(), Vec::<&str>::new());
+        let mut answered = H::default().invoke(0, 0, 0).ret(MS, 0, Returned::Err("Conflict".into()));
+        if let Event::Invoke { unholdable: u, .. } = &mut answered.0[0].1 {
+            *u = true;
+        }
+        assert_eq!(answered.check(), vec!["I8"]);
         let mut refused = H::default().invoke(0, 0, 0).ret(MS, 0, Returned::Err("InvalidToken".into()));
         if let Event::Invoke { token, .. } = &mut refused.0[0].1 {
             *token = true;
