@@ -639,7 +639,7 @@ async fn play(
         });
     }
     for c in crashes {
-        let (lives, c) = (lives.clone(), *c);
+        let (lives, c, h) = (lives.clone(), *c, history.clone());
         let cache = schedule.caches[c.proc];
         count("process crashed");
         tasks.spawn(async move {
@@ -647,6 +647,7 @@ async fn play(
             let life = lives[c.proc].clone();
             {
                 let mut l = lock(&life);
+                h.record(Event::Crash { proc: c.proc });
                 l.recorded.crash();
                 l.idem = None;
                 let _ = l.crashed.send(true);

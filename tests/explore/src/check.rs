@@ -141,6 +141,8 @@ struct Reading {
     /// Purge broadcasts received: process, key, when.
     delivered: Vec<(usize, String, Micros)>,
     losses: Vec<(String, Micros)>,
+    /// Processes crashed: which, when.
+    crashes: Vec<(usize, Micros)>,
     /// Operators' resolutions: key, when sent, when answered, the value (completed), done.
     resolutions: Vec<(String, Micros, Micros, Option<String>, bool)>,
 }
@@ -166,6 +168,7 @@ fn read(events: &[(Micros, Event)]) -> Reading {
     let mut purges = Vec::new();
     let mut delivered = Vec::new();
     let mut losses = Vec::new();
+    let mut crashes = Vec::new();
     let mut resolutions = Vec::new();
     let (mut last, mut rank) = (Micros::MAX, 0);
     for (t, e) in events {
@@ -272,12 +275,13 @@ fn read(events: &[(Micros, Event)]) -> Reading {
             Event::Purge { key, force, sent, deleted } => purges.push((key.clone(), *sent * TICK, t, *force, *deleted)),
             Event::PurgeDelivered { proc, key } => delivered.push((*proc, key.clone(), t)),
             Event::Lose { key } => losses.push((key.clone(), t)),
+            Event::Crash { proc } => crashes.push((*proc, t)),
             Event::Resolve { key, sent, value, done } => {
                 resolutions.push((key.clone(), *sent * TICK, t, value.clone(), *done))
             }
         }
     }
-    Reading { calls: calls.into_values().collect(), ops, purges, delivered, losses, resolutions }
+    Reading { calls: calls.into_values().collect(), ops, purges, delivered, losses, crashes, resolutions }
 }
 
 /// Checks `events` (a history, in time order) against I1 to I12.
@@ -606,10 +610,21 @@ pub fn check(events: &[(Micros, Event)]) -> Report {
         };
         // A documented state of the key, which a call of the schedule asked for: held unknown
         // (`on_crash = hold`) or given up (`give_up_after`). I10 and I12 hold them to that.
+        // A call under `hold` leaves its key unknown when its holder stops without a word: once its
+        // body started, or, without a body, when its process crashed before it heard its acquire
+        // (which may have landed: nobody is left to release it).
+        let crashed_unheard = |x: &CallInfo| {
+            x.body.is_none()
+                && x.returned.as_ref().is_some_and(|(at, ret)| {
+                    *ret == Returned::Cancelled
+                        && r.crashes.iter().any(|(p, t)| *p == x.proc && x.invoke <= *t && *t <= *at)
+                })
+        };
         let held_by_policy = |e: &str| {
             r.calls.iter().any(|x| {
                 x.key == c.key
-                    && ((e == "OutcomeUnknown" && x.hold && x.body.is_some()) || (e == "GaveUp" && x.give_up.is_some()))
+                    && ((e == "OutcomeUnknown" && x.hold && (x.body.is_some() || crashed_unheard(x)))
+                        || (e == "GaveUp" && x.give_up.is_some()))
             })
         };
         if c.probe {
@@ -797,6 +812,13 @@ pub fn check(events: &[(Micros, Event)]) -> Report {
         match &x.returned {
             Some((_, Returned::Ok { stored: false, .. } | Returned::Err(_) | Returned::Panicked)) => continue,
             Some((cancelled_at, Returned::Cancelled)) => {
+                // Its process crashed: its runtime went with it, commit and all. The key comes
+                // free after its lease and a retry may run the body again, as after any crash
+                // between a body's effect and its commit (docs/guarantees.md).
+                if r.crashes.iter().any(|(p, t)| *p == x.proc && x.invoke <= *t && *t <= *cancelled_at) {
+                    *exceptions.entry("process crashed between a body's Ok and its commit").or_default() += 1;
+                    continue;
+                }
                 // Its commit goes on in the background: judged below like any other, unless a
                 // later holder took the key first (nobody is left to tell). A commit never sent
                 // again after the caller went away was dropped with it: the key comes free after
@@ -1215,6 +1237,28 @@ mod tests {
         assert_eq!(h.check(), vec!["I5"]);
     }
 
+    /// A call under `hold` whose process crashed before it heard its acquire (which landed) leaves
+    /// the key unknown: the probe after it finds it so, as its policy says. Had its caller merely
+    /// gone away, the runtime would have released the key: the probe's answer is I5.
+    #[test]
+    fn i5_a_held_acquire_unheard_by_a_crashed_process_is_the_keys_policy() {
+        let unheard = |crash: bool| {
+            let h = H::default().invoke_with(0, 0, 1000, true, None);
+            let h = if crash { h.at(10 * MS, Event::Crash { proc: 0 }) } else { h };
+            let mut h = h.ret(10 * MS, 0, Returned::Cancelled).invoke(500 * MS, 2, 0).ret(
+                501 * MS,
+                2,
+                Returned::Err("OutcomeUnknown".into()),
+            );
+            if let Event::Invoke { probe, .. } = &mut h.0.iter_mut().rev().nth(1).unwrap().1 {
+                *probe = true;
+            }
+            h
+        };
+        assert_eq!(unheard(true).check(), Vec::<&str>::new());
+        assert_eq!(unheard(false).check(), vec!["I5"]);
+    }
+
     /// Probe 0 returns with its commit unconfirmed (it goes on in the background); probe 1 finds
     /// the key in progress, then probe 0's commit lands: not a stuck key. Had the commit landed
     /// before probe 1 asked, or never, the conflict is I5.
@@ -1339,5 +1383,18 @@ mod tests {
         assert_eq!(went_on.check(), Vec::<&str>::new());
         assert_eq!(dropped(Some(OpResult::Done)).check(), Vec::<&str>::new(), "stored in the background");
         assert_eq!(dropped(Some(OpResult::Lost)).check(), Vec::<&str>::new(), "a later holder took the key");
+        // Not its caller but its process went away (the real-server layer's crash): the runtime
+        // went with it, commit and all.
+        let crashed = |proc: usize| {
+            H::default()
+                .invoke(0, 0, 1000)
+                .op(0, 0, 0, OpKind::Acquire, OpResult::Acquired { fence: 1 })
+                .body(0, 10 * MS, 0, 1)
+                .op(10 * MS, 14 * MS, 0, OpKind::Commit, OpResult::NoReply)
+                .at(15 * MS, Event::Crash { proc })
+                .ret(15 * MS, 0, Returned::Cancelled)
+        };
+        assert_eq!(crashed(0).check(), Vec::<&str>::new());
+        assert_eq!(crashed(1).check(), vec!["I7"], "another process crashed");
     }
 }

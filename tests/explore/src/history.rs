@@ -132,6 +132,9 @@ pub enum Event {
     PurgeDelivered { proc: usize, key: String },
     /// The store lost the key's record (a failover, a restart): a documented exception.
     Lose { key: String },
+    /// Process `proc` crashed (the real-server layer): nothing more leaves it, and its calls
+    /// return `Cancelled` without a word from their runtime.
+    Crash { proc: usize },
     /// An operator resolved the key's unknown outcome (`Idempotency::resolve`), sent at `sent`:
     /// completed with `value`, or not done (`None`); `done` when the store says it resolved one.
     Resolve { key: String, sent: Micros, value: Option<String>, done: bool },
