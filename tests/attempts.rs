@@ -21,6 +21,7 @@ all_stores!(
     give_up_after_counts_holders_that_stopped,
     a_mutex_keeps_no_count,
     a_batch_counts_failures_and_dead_letters_a_key_given_up,
+    a_holder_resolved_as_not_done_that_then_fails_its_last_attempt_gives_up,
 );
 
 const LEASE: Duration = Duration::from_millis(300);
@@ -239,4 +240,50 @@ async fn a_batch_counts_failures_and_dead_letters_a_key_given_up(backend: Backen
     let settled = batch.run(1, |_, _| async { Ok::<u32, AppError>(1) }).await;
     assert!(matches!(&settled[0], Settled::Held(Error::OutcomeUnknown { .. })), "{:?}", settled[0]);
     assert_eq!(settled[0].ack(), Ack::Requeue);
+}
+
+/// Under `on_crash = hold` and `give_up_after(2)`: the second attempt's holder stalls past its
+/// lease, an operator resolves the unknown outcome as not done (the key is released, the attempt
+/// counted), and then the stalled body ends with its `Err`. That was the last attempt the policy
+/// allows: the key is given up, as it would have been had nobody resolved it, and no call runs it
+/// again (the store had answered the give-up as done while leaving the key released, and the next
+/// call without the policy ran it as a third attempt). Found by the explorer (seed 646258067, I12).
+async fn a_holder_resolved_as_not_done_that_then_fails_its_last_attempt_gives_up(backend: Backend) {
+    let fx = Fixture::new(backend, 2).await;
+    let (idem, other) = (fx.idem(0), fx.idem(1));
+    let call = || job("payout").on_crash(OnCrash::Hold).give_up_after(2);
+    let first: R<u32> = idem.run(call(), || async { Err(AppError::Failed("declined")) }).await;
+    assert!(matches!(first, Err(AppError::Failed(_))), "{first:?}");
+    let (release, released) = tokio::sync::oneshot::channel::<()>();
+    let (started_tx, started) = tokio::sync::oneshot::channel::<u32>();
+    let holder = {
+        let idem = idem.clone();
+        tokio::spawn(async move {
+            idem.run(call().ttl(LEASE).renew(false), || async move {
+                started_tx.send(attempt()).unwrap();
+                let _ = released.await;
+                R::<u32>::Err(AppError::Failed("declined again"))
+            })
+            .await
+        })
+    };
+    assert_eq!(started.await.unwrap(), 2);
+    tokio::time::sleep(LEASE + ms(200)).await;
+    let resolved = other.resolve("jobs", "payout", idempotency::Resolve::NotDone).await.unwrap();
+    assert_eq!(resolved, idempotency::store::Resolved::Done);
+    release.send(()).unwrap();
+    let last = holder.await.unwrap();
+    assert!(matches!(last, Err(AppError::Failed(_))), "{last:?}");
+    // A call of its own policy (none here) finds the key given up: the key's state, not the
+    // call's (a call under the same `give_up_after(2)` would give up on a third attempt anyway).
+    let runs = counter();
+    let after: R<u32> = other
+        .run(job("payout"), || async {
+            runs.fetch_add(1, SeqCst);
+            Ok(3)
+        })
+        .await;
+    assert!(matches!(after, Err(AppError::Idem(Error::GaveUp { attempts: 2, .. }))), "{after:?}");
+    assert_eq!(runs.load(SeqCst), 0);
+    assert_eq!(record(&other, "payout").await.state, RecordState::Failed);
 }

@@ -479,12 +479,16 @@ impl MemoryStore {
             let watched = match st.records.live(hash, req.key, now).map(|e| &e.record) {
                 None => false,
                 Some(rec) if held_by(rec, req.owner) => rec.watched,
-                // This owner's failure, recorded already: a repeated command.
+                // This owner's failure, recorded already: a repeated command. Its attempt released
+                // by an operator (resolved as not done): its own give-up still gives up the key.
                 Some(rec)
                     if matches!(rec.phase, Phase::Released | Phase::Failed)
                         && rec.owner.as_ref().is_some_and(|o| o.is(req.owner)) =>
                 {
-                    return Wrote::Nothing(Transition::Done)
+                    if !(rec.phase == Phase::Released && req.give_up) {
+                        return Wrote::Nothing(Transition::Done);
+                    }
+                    false
                 }
                 Some(_) => return Wrote::Nothing(Transition::Lost),
             };

@@ -353,6 +353,8 @@ impl ModelStore {
             let mut st = lock(&self.state);
             let now = Instant::now();
             let watched = match st.live(req.key).map(|r| &r.val) {
+                // Its attempt resolved as not done by an operator: its own give-up still counts.
+                Some(Val::Failed { owner, gave_up: false, .. }) if owner == req.owner && req.give_up => false,
                 Some(Val::Failed { owner, .. }) if owner == req.owner => return Transition::Done,
                 Some(Val::Pending { owner, watched, .. }) if owner == req.owner => *watched,
                 None => false,

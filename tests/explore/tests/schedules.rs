@@ -262,3 +262,25 @@ fn a_batch_of_several_keys_and_a_copy_keeps_every_guarantee() {
         assert_eq!((bodies(1), bodies(2), bodies(3)), (1, 1, 0), "{store:?}");
     }
 }
+
+/// Found by the explorer (seed 646258067, I12), as it shrank it: the second attempt of a key
+/// under `give_up_after(2)` and `on_crash = hold` stalls past its lease, an operator resolves it
+/// as not done, then its body fails: that give-up must give up on the key (the stores answered it
+/// as done and left the key released, and the next call ran it as a third attempt).
+#[test]
+fn a_give_up_after_an_operators_not_done_gives_up_on_the_key() {
+    let quick = |at_ms: u64| CallSpec { ttl_ms: 50, keep_ms: 1000, renew: false, fence_ms: None, ..call(at_ms, 0) };
+    holds(&Schedule {
+        caches: vec![false, false, false],
+        timeouts_ms: vec![100, 100, 100],
+        calls: vec![
+            CallSpec { steps_ms: vec![470], end: End::Err, hold: true, give_up: Some(2), ..quick(1230) },
+            CallSpec { end: End::Err, fence_ms: Some(180), ..quick(110) },
+            CallSpec { keep_ms: 0, ..quick(1710) },
+        ],
+        faults: Vec::new(),
+        purges: Vec::new(),
+        losses: Vec::new(),
+        resolutions: vec![Resolution { at_ms: 1280, key: 0, completed: false }],
+    });
+}

@@ -32,7 +32,9 @@ impl Statements {
         let columns = "key, state, owner, fence, fingerprint, stored_at, expires_at, attempt, last_error";
         // $1 key, $2 owner, $3 attempt, $4 keep (ms, > 0), $5 give up, $6 fingerprint, $7 error.
         // The row held by this owner (its lease's end passed or not), an expired one or none
-        // becomes the failure's (`done` = 1); this owner's failure written already is `again`.
+        // becomes the failure's (`done` = 1); this owner's failure written already is `again`. A
+        // give-up by the owner of an 'R' row (its attempt resolved as not done by an operator)
+        // turns it into 'F'.
         let row = FAILURE_ROW
             .replace("{give_up}", "$5")
             .replace("{owner}", "$2")
@@ -45,6 +47,7 @@ impl Statements {
                 INSERT INTO {t} AS r ({columns}) VALUES ($1, {row})
                 ON CONFLICT (key) DO UPDATE SET {FAILURE_SET}
                 WHERE (r.state = 'P' AND r.owner = $2) OR r.expires_at <= statement_timestamp()
+                    OR (r.state = 'R' AND r.owner = $2 AND $5)
                 RETURNING r.watched
             )
             SELECT (SELECT count(*) FROM up) AS done,
@@ -70,6 +73,7 @@ impl Statements {
                 SELECT q.key, {row_q} FROM (SELECT DISTINCT ON (key) * FROM req ORDER BY key, i) q ORDER BY q.key
                 ON CONFLICT (key) DO UPDATE SET {FAILURE_SET}
                 WHERE (r.state = 'P' AND r.owner = excluded.owner) OR r.expires_at <= statement_timestamp()
+                    OR (r.state = 'R' AND r.owner = excluded.owner AND excluded.state = 'F')
                 RETURNING r.key, r.owner, r.watched
             ), notified AS (
                 SELECT pg_notify('{watch_channel}', key) FROM up WHERE watched
