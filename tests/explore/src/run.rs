@@ -366,7 +366,7 @@ fn invoke(
 }
 
 /// `fut`'s output, or `Returned::Panicked` if polling it panicked.
-async fn caught(fut: impl Future<Output = Returned>) -> Result<Returned, Returned> {
+async fn caught<T>(fut: impl Future<Output = T>) -> Result<T, Returned> {
     let mut fut = pin!(fut);
     std::future::poll_fn(|cx| match catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(cx))) {
         Ok(Poll::Pending) => Poll::Pending,
@@ -475,14 +475,7 @@ pub async fn one_batch(
         let batch = idem.claim::<String>(group.iter().map(|(_, spec)| call_of(spec, tokens))).await;
         batch.run(group.len(), |i, _| body(h, group[i].0, &group[i].1)).await
     };
-    let mut work = pin!(work);
-    let settled = std::future::poll_fn(|cx| match catch_unwind(AssertUnwindSafe(|| work.as_mut().poll(cx))) {
-        Ok(Poll::Pending) => Poll::Pending,
-        Ok(Poll::Ready(settled)) => Poll::Ready(Some(settled)),
-        Err(_) => Poll::Ready(None),
-    })
-    .await;
-    let mut settled = settled.map(|items| items.into_iter());
+    let mut settled = caught(work).await.ok().map(|items| items.into_iter());
     for (id, _) in group {
         let returned = settled.as_mut().and_then(Iterator::next).map_or(Returned::Panicked, returned_of);
         h.record(Event::Return { call: *id, returned });
