@@ -294,6 +294,12 @@ pub fn check(events: &[(Micros, Event)]) -> Report {
     let mut exceptions: BTreeMap<&'static str, usize> = BTreeMap::new();
     let bodies: Vec<&CallInfo> = r.calls.iter().filter(|c| c.body.is_some()).collect();
     // A record of `key` taken away between `from` and `to` by the store or a forced purge.
+    // The call returned `Cancelled` because its process crashed (the real-server layer), not
+    // because its caller went away: its runtime went with it, and it was told nothing.
+    let crashed = |x: &CallInfo| {
+        matches!(&x.returned, Some((at, Returned::Cancelled))
+            if r.crashes.iter().any(|(p, t)| *p == x.proc && x.invoke <= *t && *t <= *at))
+    };
     let taken_away = |key: &str, from: Micros, to: Micros| {
         r.losses.iter().any(|(k, t)| k == key && from <= *t && *t <= to)
             || r.purges.iter().any(|(k, sent, done, force, _)| k == key && *force && *done >= from && *sent <= to)
@@ -578,7 +584,7 @@ pub fn check(events: &[(Micros, Event)]) -> Report {
         // I8: refused what cannot be held, taken what is genuine. A caller gone before it heard
         // (its process crashed while the batch it was claimed in still ran its other items) is
         // told nothing; its body never ran all the same.
-        let refused = matches!(returned, Returned::Err(e) if e == "InvalidCall") || *returned == Returned::Cancelled;
+        let refused = matches!(returned, Returned::Err(e) if e == "InvalidCall") || crashed(c);
         if c.unholdable && (c.body.is_some() || !refused) {
             violation(
                 "I8",
@@ -613,17 +619,10 @@ pub fn check(events: &[(Micros, Event)]) -> Report {
         // A call under `hold` leaves its key unknown when its holder stops without a word: once its
         // body started, or, without a body, when its process crashed before it heard its acquire
         // (which may have landed: nobody is left to release it).
-        let crashed_unheard = |x: &CallInfo| {
-            x.body.is_none()
-                && x.returned.as_ref().is_some_and(|(at, ret)| {
-                    *ret == Returned::Cancelled
-                        && r.crashes.iter().any(|(p, t)| *p == x.proc && x.invoke <= *t && *t <= *at)
-                })
-        };
         let held_by_policy = |e: &str| {
             r.calls.iter().any(|x| {
                 x.key == c.key
-                    && ((e == "OutcomeUnknown" && x.hold && (x.body.is_some() || crashed_unheard(x)))
+                    && ((e == "OutcomeUnknown" && x.hold && (x.body.is_some() || crashed(x)))
                         || (e == "GaveUp" && x.give_up.is_some()))
             })
         };
@@ -815,7 +814,7 @@ pub fn check(events: &[(Micros, Event)]) -> Report {
                 // Its process crashed: its runtime went with it, commit and all. The key comes
                 // free after its lease and a retry may run the body again, as after any crash
                 // between a body's effect and its commit (docs/guarantees.md).
-                if r.crashes.iter().any(|(p, t)| *p == x.proc && x.invoke <= *t && *t <= *cancelled_at) {
+                if crashed(x) {
                     *exceptions.entry("process crashed between a body's Ok and its commit").or_default() += 1;
                     continue;
                 }
@@ -1322,11 +1321,16 @@ mod tests {
         }
         assert!(unholdable.check().contains(&"I8"));
         // Claimed in a batch whose process crashed before the batch settled: told nothing, run never.
-        let mut gone = H::default().invoke(0, 0, 0).ret(MS, 0, Returned::Cancelled);
-        if let Event::Invoke { unholdable: u, .. } = &mut gone.0[0].1 {
-            *u = true;
-        }
-        assert_eq!(gone.check(), Vec::<&str>::new());
+        let gone = |crash: bool| {
+            let h = H::default().invoke(0, 0, 0);
+            let mut h = if crash { h.at(MS, Event::Crash { proc: 0 }) } else { h }.ret(MS, 0, Returned::Cancelled);
+            if let Event::Invoke { unholdable: u, .. } = &mut h.0[0].1 {
+                *u = true;
+            }
+            h
+        };
+        assert_eq!(gone(true).check(), Vec::<&str>::new());
+        assert_eq!(gone(false).check(), vec!["I8"], "a caller that went away is no crash");
         let mut answered = H::default().invoke(0, 0, 0).ret(MS, 0, Returned::Err("Conflict".into()));
         if let Event::Invoke { unholdable: u, .. } = &mut answered.0[0].1 {
             *u = true;
