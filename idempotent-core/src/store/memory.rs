@@ -289,7 +289,12 @@ fn unix_ms() -> u64 {
 
 /// Whether `record` is held in progress by `owner`.
 fn held_by(record: &Record, owner: &str) -> bool {
-    record.phase == Phase::InProgress && record.owner.as_ref().is_some_and(|o| o.is(owner))
+    record.phase == Phase::InProgress && owned_by(record, owner)
+}
+
+/// Whether the record names `owner` (the attempt holding it, or that failed last).
+fn owned_by(record: &Record, owner: &str) -> bool {
+    record.owner.as_ref().is_some_and(|o| o.is(owner))
 }
 
 impl MemoryStore {
@@ -458,7 +463,7 @@ impl MemoryStore {
             let Some(rec) = st.records.live(hash, key, now).map(|e| &e.record) else {
                 return Wrote::Nothing(Transition::Done);
             };
-            if rec.phase == Phase::Released && rec.owner.as_ref().is_some_and(|o| o.is(owner)) {
+            if rec.phase == Phase::Released && owned_by(rec, owner) {
                 return Wrote::Nothing(Transition::Done);
             }
             if !held_by(rec, owner) {
@@ -479,16 +484,12 @@ impl MemoryStore {
             let watched = match st.records.live(hash, req.key, now).map(|e| &e.record) {
                 None => false,
                 Some(rec) if held_by(rec, req.owner) => rec.watched,
-                // This owner's failure, recorded already: a repeated command. Its attempt released
-                // by an operator (resolved as not done): its own give-up still gives up the key.
-                Some(rec)
-                    if matches!(rec.phase, Phase::Released | Phase::Failed)
-                        && rec.owner.as_ref().is_some_and(|o| o.is(req.owner)) =>
-                {
-                    if !(rec.phase == Phase::Released && req.give_up) {
-                        return Wrote::Nothing(Transition::Done);
-                    }
-                    false
+                // Its attempt released by an operator (resolved as not done): its own give-up
+                // still gives up on the key.
+                Some(rec) if rec.phase == Phase::Released && req.give_up && owned_by(rec, req.owner) => false,
+                // This owner's failure, recorded already: a repeated command.
+                Some(rec) if matches!(rec.phase, Phase::Released | Phase::Failed) && owned_by(rec, req.owner) => {
+                    return Wrote::Nothing(Transition::Done)
                 }
                 Some(_) => return Wrote::Nothing(Transition::Lost),
             };
