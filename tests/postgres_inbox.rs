@@ -15,6 +15,7 @@ use idempotency::store::postgres::PgTransaction;
 use idempotency::store::{Inspected, RecordState};
 use idempotency::{Call, CallContext, Error, Idempotency, PgStore, Settled};
 use support::postgres::{delete_record, shared_database, unique_schema};
+use support::proxy::Proxy;
 use support::{ms, AppError, R};
 
 /// A store in a schema of its own, with an `effects` table beside it (one row per body that ran:
@@ -461,4 +462,67 @@ async fn a_body_longer_than_its_lease_commits() {
         })
         .await;
     assert!(matches!(settled[0], Settled::Executed { stored: true, .. }), "{:?}", settled[0]);
+}
+
+/// The first item's body writes, then the server stops answering (a relay swallows every byte)
+/// before its savepoint is released. That statement waited for an answer without bound: the batch
+/// never answered, while every other statement of the store is bounded by its timeout. Now it
+/// fails after the timeout; since no one can tell whether it ran (keeping the first item's
+/// writes), the items after it do not run, nothing is committed, and every item is unavailable,
+/// to be handed back. Once the leases end, the keys run again, each effect once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_savepoint_without_an_answer_fails_the_batch_within_the_store_timeout() {
+    let (direct, schema) = shared_store().await;
+    let url = tokio::task::block_in_place(shared_database);
+    let (server, db) = url.rsplit_once('/').expect("a database in the URL");
+    let (host, port) = server.rsplit_once(':').expect("a port in the URL");
+    let relay = Proxy::start(port.parse().expect("a port"));
+    let relayed = format!("{host}:{}/{db}", relay.port());
+    let store = PgStore::builder(&relayed).schema(&schema).timeout(ms(200)).connect().await.expect("connect");
+    let idem = Idempotency::new(store.clone());
+    let ttl = Duration::from_secs(1);
+    let batch = idem.claim::<u32>(calls(&["s1", "s2", "s3"], ttl)).await;
+    assert_eq!(batch.to_run(), 3);
+    let running = store.run_batch_in_transaction(batch, |mut tx, i, _| {
+        let (schema, relay) = (schema.clone(), &relay);
+        async move {
+            let out = insert_effect(&mut tx, &schema).await.map(|()| i as u32);
+            if i == 0 {
+                relay.black_hole();
+            }
+            (tx, out)
+        }
+    });
+    let settled = tokio::time::timeout(Duration::from_secs(10), running)
+        .await
+        .expect("the batch never answered: its savepoint's statement waited without bound");
+    assert_eq!(names(&settled), ["unavailable", "unavailable", "unavailable"]);
+    for (i, item) in settled.iter().enumerate().skip(1) {
+        match item {
+            Settled::Unavailable(e @ Error::Store { key, .. }) => {
+                assert_eq!(key, &format!("inbox:s{}", i + 1));
+                assert!(e.to_string().contains("not run"), "{e}");
+            }
+            other => panic!("expected item {i} not run, got {other:?}"),
+        }
+    }
+    relay.heal();
+    drop(store);
+    // The keys' releases went into the black hole too: they are free once their leases end.
+    tokio::time::sleep(ttl + ms(300)).await;
+    assert!(effects(&direct, &schema).await.is_empty(), "a write of the broken batch was committed");
+    let again = Idempotency::new(direct.clone()).claim::<u32>(calls(&["s1", "s2", "s3"], ttl)).await;
+    assert_eq!(again.to_run(), 3, "every key runs again");
+    let settled = direct
+        .run_batch_in_transaction(again, |mut tx, i, _| {
+            let schema = schema.clone();
+            async move {
+                let out = insert_effect(&mut tx, &schema).await.map(|()| i as u32);
+                (tx, out)
+            }
+        })
+        .await;
+    assert_eq!(names(&settled), ["executed", "executed", "executed"]);
+    let counts = effects(&direct, &schema).await;
+    assert!(counts.values().all(|&n| n == 1) && counts.len() == 3, "{counts:?}");
 }

@@ -595,6 +595,16 @@ impl Lost {
         let reason = "the lease was lost before the item's turn came: its body did not run";
         Lost { index, error: Error::LeaseLost { key: context.key().to_owned(), reason: reason.into() }, ran: false }
     }
+
+    /// An item not run because the state a committing batch hands on broke at an earlier one.
+    pub(super) fn not_run_after(index: usize, context: &CallContext, cause: &StoreError) -> Lost {
+        let message = format!(
+            "not run: the batch's transaction broke at an earlier item, and nothing of the batch was committed ({})",
+            cause.message()
+        );
+        let source = StoreError::new(cause.kind(), message);
+        Lost { index, error: Error::Store { key: context.key().to_owned(), source }, ran: false }
+    }
 }
 
 /// A failure to record, owned (see `release_unfinished`).

@@ -29,6 +29,11 @@ where
     /// `commit`, which writes the records beside the bodies' effects and commits them together.
     /// [`run`](Self::run) is the batch that commits through the store instead.
     ///
+    /// `spent(&state)`, asked before each item's turn and before the commit, says whether the
+    /// state can take no more (the store's transaction broke, or no one can tell what it holds):
+    /// then the items left do not run, nothing is committed, and every item that ran or was left
+    /// is released and settled as [`Settled::Unavailable`] with that error, no attempt counted.
+    ///
     /// `commit` answers one [`Transition`] per record, in order. Every one `Done`: the effects and
     /// the records are committed, and the items are [`Settled::Executed`]. Any other: `commit`
     /// must have rolled everything back; the batch releases every item's key (owner-checked) and
@@ -43,11 +48,18 @@ where
     /// state is inside it): the commit, owner-checked, finds the loss. Dropped or unwinding before
     /// `commit` has answered, the batch releases every key it holds, the ones whose bodies ran
     /// too: their effects go with the state.
-    pub async fn run_committing<X, E, F, Fut, C, CFut>(mut self, state: X, mut body: F, commit: C) -> Vec<Settled<T, E>>
+    pub async fn run_committing<X, E, F, Fut, S, C, CFut>(
+        mut self,
+        state: X,
+        mut body: F,
+        spent: S,
+        commit: C,
+    ) -> Vec<Settled<T, E>>
     where
         E: std::fmt::Display,
         F: FnMut(X, usize, CallContext) -> Fut,
         Fut: Future<Output = (X, Result<T, E>)>,
+        S: Fn(&X) -> Option<StoreError>,
         C: FnOnce(X, Vec<Completed>) -> CFut,
         CFut: Future<Output = Result<Vec<Transition>, StoreError>>,
     {
@@ -56,9 +68,17 @@ where
         let mut state = state;
         let mut failed: Vec<(usize, E)> = Vec::new();
         let mut lost: Vec<Lost> = Vec::new();
+        let mut broken: Option<StoreError> = None;
         for index in 0..self.slots.len() {
             let Slot::Held(holding) = &self.slots[index] else { continue };
             let context = holding.held.context.clone();
+            if broken.is_none() {
+                broken = spent(&state);
+            }
+            if let Some(cause) = &broken {
+                lost.push(Lost::not_run_after(index, &context, cause));
+                continue;
+            }
             if context.is_lease_lost() {
                 lost.push(Lost::before_its_turn(index, &context));
                 continue;
@@ -81,6 +101,9 @@ where
 
         let ran: Vec<usize> = (0..self.slots.len()).filter(|&i| matches!(self.slots[i], Slot::Ran(_))).collect();
         let completed = self.records_of(&ran);
+        if broken.is_none() {
+            broken = spent(&state);
+        }
         if completed.is_empty() {
             // Nothing to write: the state (a transaction with no effect left) is dropped.
             drop(state);
@@ -89,7 +112,14 @@ where
         }
         let generation = self.idem.inner.cache_generation();
         let sent = Instant::now();
-        let answer = commit(state, completed.clone()).await;
+        let answer = match broken {
+            // Nothing can be committed: the state goes (a transaction dropped rolls back).
+            Some(cause) => {
+                drop(state);
+                Err(cause)
+            }
+            None => commit(state, completed.clone()).await,
+        };
         let all_done = matches!(&answer, Ok(t) if t.len() == ran.len() && t.iter().all(|t| *t == Transition::Done));
         if all_done {
             self.effects_uncommitted = false;

@@ -39,7 +39,11 @@ impl PgStore {
     /// released in the background.
     ///
     /// One transaction has one connection, so the bodies run in order; its statements are under
-    /// the store's transactional timeout. Round trips besides the claim's and the bodies' own:
+    /// the store's transactional timeout, and our own (the savepoints, the records' statement, the
+    /// commit) under the store's timeout too. A savepoint's statement that gets no answer in time,
+    /// or loses its connection, leaves unknown what the transaction holds: the items after it do
+    /// not run, nothing is committed, and every item is released and settled as
+    /// [`Settled::Unavailable`] (no attempt counted), its delivery to be handed back. Round trips besides the claim's and the bodies' own:
     /// `BEGIN` (with the first savepoint) and one per item run (releasing its savepoint and
     /// opening the next), then the records' statement and `COMMIT`: 104 for a batch of 100,
     /// where one transactional call per message costs 5 each.
@@ -95,11 +99,14 @@ impl PgStore {
         // Boxed: the runtime's future then holds each body's future as one type, and stays
         // `Send` for a caller that spawns it (a body's own borrows of its transaction, inside a
         // generic caller's future, otherwise defeat the compiler's proof that it is).
-        let each = move |tx: PgTransaction, index: usize, context: CallContext| -> ItemFuture<'b, T, E> {
-            let ran = body(tx, index, context.clone());
-            Box::pin(item_done(ran, context))
+        let timeout = self.inner.timeout;
+        let each = move |inbox: Inbox, index: usize, context: CallContext| -> ItemFuture<'b, T, E> {
+            let ran = body(inbox.tx, index, context.clone());
+            Box::pin(item_done(ran, context, timeout))
         };
-        batch.run_committing(tx, each, |tx, completed| self.commit_batch(tx, completed)).await
+        let spent = |inbox: &Inbox| inbox.broken.as_ref().map(|e| StoreError::new(e.kind(), e.message()));
+        let inbox = Inbox { tx, broken: None };
+        batch.run_committing(inbox, each, spent, |inbox, completed| self.commit_batch(inbox.tx, completed)).await
     }
 
     /// The batch's transaction, with its first item's savepoint open: one round trip.
@@ -161,27 +168,77 @@ impl PgStore {
     }
 }
 
+/// The batch's transaction as it goes from item to item: `broken` once a savepoint's statement
+/// failed in a way that leaves unknown what the transaction holds (it timed out, or the
+/// connection went), after which nothing may run in it or be committed from it.
+struct Inbox {
+    tx: PgTransaction,
+    broken: Option<StoreError>,
+}
+
 /// An item's body and its savepoint's statement, as the batch holds it.
-type ItemFuture<'b, T, E> = crate::store::BoxFuture<'b, (PgTransaction, Result<T, E>)>;
+type ItemFuture<'b, T, E> = crate::store::BoxFuture<'b, (Inbox, Result<T, E>)>;
 
 /// One item's body, then its savepoint: released and the next opened after `Ok`, rolled back to
-/// after `Err` (its writes undone, the others kept).
+/// after `Err` (its writes undone, the others kept). Each statement is bounded by `timeout`, as
+/// every other statement of the store is.
 async fn item_done<T, E: From<Error>>(
     ran: impl Future<Output = (PgTransaction, Result<T, E>)>,
     context: CallContext,
-) -> (PgTransaction, Result<T, E>) {
+    timeout: std::time::Duration,
+) -> (Inbox, Result<T, E>) {
     let (mut tx, out) = ran.await;
     let sql = if out.is_ok() { NEXT_ITEM } else { UNDO_ITEM };
-    match simple(&mut tx, sql).await {
-        Ok(()) => (tx, out),
-        // The body left the transaction failed (an error it swallowed), or the connection went:
-        // this item's writes cannot be kept apart from the others'.
-        Err(e) => {
-            let _ = simple(&mut tx, UNDO_ITEM).await;
-            let source = pg_error("savepoint", e);
-            (tx, Err(E::from(Error::Store { key: context.key().to_owned(), source })))
+    let failed = match savepoint(&mut tx, sql, timeout).await {
+        Ok(()) => return (Inbox { tx, broken: None }, out),
+        Err(failed) => failed,
+    };
+    match (failed, out) {
+        // The server refused the statement: the body left the transaction failed (an error it
+        // swallowed). Its writes cannot be kept apart from the others' but can be undone.
+        (Failed::Refused(e), Ok(_)) => match savepoint(&mut tx, UNDO_ITEM, timeout).await {
+            Ok(()) => {
+                (Inbox { tx, broken: None }, Err(E::from(Error::Store { key: context.key().to_owned(), source: e })))
+            }
+            Err(undo) => (
+                Inbox { tx, broken: Some(undo.into_error()) },
+                Err(E::from(Error::Store { key: context.key().to_owned(), source: e })),
+            ),
+        },
+        // No answer in time, or no connection: whether the statement ran (keeping this item's
+        // writes) is unknown. The transaction is broken: no item runs after this one and nothing
+        // is committed, so this item's value stands as it ran and goes back with the batch.
+        (failed, out) => (Inbox { tx, broken: Some(failed.into_error()) }, out),
+    }
+}
+
+/// How a savepoint's statement failed.
+enum Failed {
+    /// The server answered with an error: the transaction is in a state the client knows.
+    Refused(StoreError),
+    /// No answer in time, or the connection went: what the transaction holds is unknown.
+    Unknown(StoreError),
+}
+
+impl Failed {
+    fn into_error(self) -> StoreError {
+        match self {
+            Failed::Refused(e) | Failed::Unknown(e) => e,
         }
     }
+}
+
+/// Runs a savepoint's statement `sql` in `tx`, within `timeout`.
+async fn savepoint(tx: &mut PgTransaction, sql: &'static str, timeout: std::time::Duration) -> Result<(), Failed> {
+    let mut refused = false;
+    let done = within("savepoint", timeout, async {
+        simple(tx, sql).await.map_err(|e| {
+            refused = matches!(e, sqlx::Error::Database(_));
+            pg_error("savepoint", e)
+        })
+    })
+    .await;
+    done.map_err(|e| if refused { Failed::Refused(e) } else { Failed::Unknown(e) })
 }
 
 /// Runs `sql` (statements without parameters, sent in one message) in `tx`.
