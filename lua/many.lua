@@ -7,12 +7,17 @@
 -- ARGV[1]                 n, how many arguments the one-key script takes
 -- ARGV[2 + (i-1)*n ...]   the i-th key's n arguments
 -- Returns an array with, per key, the one-key script's reply.
+-- The two tables `one` gets are made once and filled again for each key (every entry is
+-- written each time; no one-key script keeps or changes them): two tables fewer per key, about
+-- a seventh of a batch script's server time per key on Redis 7.0 (docs/batches.md).
 local n, out = tonumber(ARGV[1]), {}
+local keys, args = {}, {}
 for i = 1, #KEYS do
-  local args = {}
+  keys[1] = KEYS[i]
+  local base = 1 + (i - 1) * n
   for j = 1, n do
-    args[j] = ARGV[1 + (i - 1) * n + j]
+    args[j] = ARGV[base + j]
   end
-  out[i] = one({ KEYS[i] }, args)
+  out[i] = one(keys, args)
 end
 return out
