@@ -5,7 +5,9 @@
 //! late or never (the command did land), commands refused before they land, a plain acquire split
 //! across a stall, notifications late or missed. Every call is bounded by the store's timeout, as
 //! `RedisStore`'s are; a command whose caller gave up still lands. A release for a caller that
-//! gave up ([`Store::abandon`]) goes through the same connection, behind what the owner sent.
+//! gave up ([`Store::abandon`]) goes through the same connection, behind what the owner sent. A
+//! batch's commands (`acquire_many`, `commit_many`, `release_many`, `fail_many`) go as one command
+//! that lands whole and is answered by one reply, late or lost as a whole, as a script call is.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -63,6 +65,9 @@ enum Req {
         give_up: bool,
         fingerprint: Option<String>,
     },
+    /// A batch's commands (`acquire_many`, `commit_many`...): sent as one, landing one after the
+    /// other at once, answered by one reply, late or lost as a whole (a script call per batch).
+    Many(Vec<Req>),
 }
 
 enum Rep {
@@ -70,6 +75,7 @@ enum Rep {
     Fence(Result<Option<u64>, StoreError>),
     Renew(Result<Vec<bool>, StoreError>),
     Transition(Result<Transition, StoreError>),
+    Many(Vec<Rep>),
 }
 
 struct Job {
@@ -162,29 +168,45 @@ impl Faulty {
     /// Sends `req`: it lands after what was sent before, delayed by the faults active now; the
     /// caller waits for the reply up to the store's timeout.
     async fn send(&self, kind: OpKind, key: &str, owner: &str, req: Req) -> Result<Rep, StoreError> {
-        let id = self.ids.fetch_add(1, Ordering::Relaxed);
-        let logged = !matches!(kind, OpKind::Renew);
-        if logged {
-            self.history.record(Event::OpSent {
-                proc: self.proc,
-                id,
-                kind,
-                key: key.to_owned(),
-                owner: owner.to_owned(),
-            });
-        }
-        let answered = |result| {
+        let mut reps = self.send_many(vec![(kind, key, owner, req)]).await?;
+        Ok(reps.pop().expect("one reply for one command"))
+    }
+
+    /// Sends `items` as one command ([`send`](Self::send) for one), each recorded as an operation
+    /// of its own: they land together, and one reply answers them all, or none.
+    async fn send_many(&self, items: Vec<(OpKind, &str, &str, Req)>) -> Result<Vec<Rep>, StoreError> {
+        let mut ids = Vec::with_capacity(items.len());
+        let mut reqs = Vec::with_capacity(items.len());
+        for (kind, key, owner, req) in items {
+            let id = self.ids.fetch_add(1, Ordering::Relaxed);
+            let logged = !matches!(kind, OpKind::Renew);
             if logged {
-                self.history.record(Event::OpAnswered { proc: self.proc, id, result });
+                self.history.record(Event::OpSent {
+                    proc: self.proc,
+                    id,
+                    kind,
+                    key: key.to_owned(),
+                    owner: owner.to_owned(),
+                });
+            }
+            ids.push(logged.then_some(id));
+            reqs.push(req);
+        }
+        let answered = |results: &mut dyn Iterator<Item = OpResult>| {
+            for (id, result) in ids.iter().zip(results) {
+                if let Some(id) = *id {
+                    self.history.record(Event::OpAnswered { proc: self.proc, id, result });
+                }
             }
         };
         let now = Instant::now();
         if self.faults.any(now, FaultKind::Refuse) {
-            answered(OpResult::Error);
+            answered(&mut std::iter::repeat(OpResult::Error));
             return Err(StoreError::new(StoreErrorKind::Unavailable, "connection refused (explorer fault)"));
         }
         let land_at = now + self.faults.sum(now, |k| if let FaultKind::DelayUp(d) = k { Some(d) } else { None });
         let (tx, rx) = oneshot::channel();
+        let req = if reqs.len() == 1 { reqs.pop().expect("one") } else { Req::Many(reqs) };
         let _ = self.conn.send(Job { land_at, req, reply: Some(tx) });
         let reply = async {
             match rx.await {
@@ -194,17 +216,35 @@ impl Faulty {
             }
         };
         match tokio::time::timeout(self.timeout, reply).await {
+            Ok(Rep::Many(reps)) => {
+                answered(&mut reps.iter().map(summary));
+                Ok(reps)
+            }
             Ok(rep) => {
-                answered(summary(&rep));
-                Ok(rep)
+                answered(&mut std::iter::once(summary(&rep)));
+                Ok(vec![rep])
             }
             Err(_) => {
-                answered(OpResult::NoReply);
+                answered(&mut std::iter::repeat(OpResult::NoReply));
                 Err(StoreError::new(
                     StoreErrorKind::Timeout,
                     format!("no reply within {:?} (explorer fault)", self.timeout),
                 ))
             }
+        }
+    }
+
+    /// A batch of `items` sent as one command, each reply read by `read`; a command that failed
+    /// as a whole fails each item with its error.
+    async fn batch<T>(
+        &self,
+        items: Vec<(OpKind, &str, &str, Req)>,
+        read: impl Fn(Rep) -> Result<T, StoreError>,
+    ) -> Vec<Result<T, StoreError>> {
+        let n = items.len();
+        match self.send_many(items).await {
+            Ok(reps) => reps.into_iter().map(read).collect(),
+            Err(e) => (0..n).map(|_| Err(StoreError::new(e.kind(), e.message()))).collect(),
         }
     }
 }
@@ -250,53 +290,15 @@ async fn connection(backend: Backend, faults: Faults, mut jobs: mpsc::UnboundedR
         tokio::time::sleep_until(job.land_at).await;
         let now = Instant::now();
         let split = faults.sum(now, |k| if let FaultKind::Split(d) = k { Some(d) } else { None });
-        let store = backend.store();
         let rep = match job.req {
-            Req::Acquire { key, owner, lease, fingerprint, will_wait, report_ttl, fence_now, lapse, keep } => {
-                let req = AcquireRequest {
-                    key: &key,
-                    owner: &owner,
-                    lease,
-                    fingerprint: fingerprint.as_deref(),
-                    will_wait,
-                    report_ttl,
-                    fence_now,
-                    lapse,
-                    keep,
-                };
-                Rep::Acquire(backend.acquire(req, split).await)
+            Req::Many(reqs) => {
+                let mut reps = Vec::with_capacity(reqs.len());
+                for req in reqs {
+                    reps.push(apply(&backend, req, split).await);
+                }
+                Rep::Many(reps)
             }
-            Req::Renew(leases) => {
-                let leases: Vec<Lease<'_>> =
-                    leases.iter().map(|(k, o, l)| Lease { key: k, owner: o, lease: *l }).collect();
-                Rep::Renew(store.renew(&leases).await)
-            }
-            Req::Commit { key, owner, fence, keep, result, fingerprint, lease_in_record } => {
-                let req = CommitRequest {
-                    key: &key,
-                    owner: &owner,
-                    fence,
-                    keep,
-                    result: result.as_deref(),
-                    fingerprint: fingerprint.as_deref(),
-                    lease_in_record,
-                };
-                Rep::Transition(store.commit(req).await)
-            }
-            Req::Release { key, owner } => Rep::Transition(store.release(&key, &owner).await),
-            Req::Fence { key, owner } => Rep::Fence(store.fence(&key, &owner).await),
-            Req::Fail { key, owner, attempt, error, keep, give_up, fingerprint } => {
-                let req = FailRequest {
-                    key: &key,
-                    owner: &owner,
-                    attempt,
-                    error: &error,
-                    keep,
-                    give_up,
-                    fingerprint: fingerprint.as_deref(),
-                };
-                Rep::Transition(store.fail(req).await)
-            }
+            req => apply(&backend, req, split).await,
         };
         let Some(reply) = job.reply else { continue };
         let now = Instant::now();
@@ -313,6 +315,125 @@ async fn connection(backend: Backend, faults: Faults, mut jobs: mpsc::UnboundedR
     }
 }
 
+/// Lands one command on the backend (`split`: the stall a plain acquire is split across).
+async fn apply(backend: &Backend, req: Req, split: Duration) -> Rep {
+    let store = backend.store();
+    match req {
+        Req::Many(_) => unreachable!("a batch is not nested"),
+        Req::Acquire { key, owner, lease, fingerprint, will_wait, report_ttl, fence_now, lapse, keep } => {
+            let req = AcquireRequest {
+                key: &key,
+                owner: &owner,
+                lease,
+                fingerprint: fingerprint.as_deref(),
+                will_wait,
+                report_ttl,
+                fence_now,
+                lapse,
+                keep,
+            };
+            Rep::Acquire(backend.acquire(req, split).await)
+        }
+        Req::Renew(leases) => {
+            let leases: Vec<Lease<'_>> = leases.iter().map(|(k, o, l)| Lease { key: k, owner: o, lease: *l }).collect();
+            Rep::Renew(store.renew(&leases).await)
+        }
+        Req::Commit { key, owner, fence, keep, result, fingerprint, lease_in_record } => {
+            let req = CommitRequest {
+                key: &key,
+                owner: &owner,
+                fence,
+                keep,
+                result: result.as_deref(),
+                fingerprint: fingerprint.as_deref(),
+                lease_in_record,
+            };
+            Rep::Transition(store.commit(req).await)
+        }
+        Req::Release { key, owner } => Rep::Transition(store.release(&key, &owner).await),
+        Req::Fence { key, owner } => Rep::Fence(store.fence(&key, &owner).await),
+        Req::Fail { key, owner, attempt, error, keep, give_up, fingerprint } => {
+            let req = FailRequest {
+                key: &key,
+                owner: &owner,
+                attempt,
+                error: &error,
+                keep,
+                give_up,
+                fingerprint: fingerprint.as_deref(),
+            };
+            Rep::Transition(store.fail(req).await)
+        }
+    }
+}
+
+/// An acquire, owned.
+fn acquire_req(r: &AcquireRequest<'_>) -> Req {
+    Req::Acquire {
+        key: r.key.to_owned(),
+        owner: r.owner.to_owned(),
+        lease: r.lease,
+        fingerprint: r.fingerprint.map(str::to_owned),
+        will_wait: r.will_wait,
+        report_ttl: r.report_ttl,
+        fence_now: r.fence_now,
+        lapse: r.lapse,
+        keep: r.keep,
+    }
+}
+
+/// A commit, owned.
+fn commit_req(r: &CommitRequest<'_>) -> Req {
+    Req::Commit {
+        key: r.key.to_owned(),
+        owner: r.owner.to_owned(),
+        fence: r.fence,
+        keep: r.keep,
+        result: r.result.map(<[u8]>::to_vec),
+        fingerprint: r.fingerprint.map(str::to_owned),
+        lease_in_record: r.lease_in_record,
+    }
+}
+
+fn release_req(key: &str, owner: &str) -> Req {
+    Req::Release { key: key.to_owned(), owner: owner.to_owned() }
+}
+
+/// A failure, owned.
+fn fail_req(r: &FailRequest<'_>) -> Req {
+    Req::Fail {
+        key: r.key.to_owned(),
+        owner: r.owner.to_owned(),
+        attempt: r.attempt,
+        error: r.error.to_owned(),
+        keep: r.keep,
+        give_up: r.give_up,
+        fingerprint: r.fingerprint.map(str::to_owned),
+    }
+}
+
+fn fail_kind(r: &FailRequest<'_>) -> OpKind {
+    if r.give_up {
+        OpKind::GiveUp
+    } else {
+        OpKind::Fail
+    }
+}
+
+fn read_acquire(rep: Rep) -> Result<AcquireOutcome, StoreError> {
+    match rep {
+        Rep::Acquire(out) => out,
+        _ => unreachable!("an acquire answers an acquire"),
+    }
+}
+
+fn read_transition(rep: Rep) -> Result<Transition, StoreError> {
+    match rep {
+        Rep::Transition(out) => out,
+        _ => unreachable!("a transition answers a transition"),
+    }
+}
+
 /// Stops a forwarding task when the watcher it feeds goes.
 struct AbortOnDrop(tokio::task::AbortHandle);
 
@@ -324,22 +445,18 @@ impl Drop for AbortOnDrop {
 
 impl Store for Faulty {
     fn acquire<'a>(&'a self, r: AcquireRequest<'a>) -> StoreFuture<'a, Result<AcquireOutcome, StoreError>> {
+        StoreFuture::new(
+            async move { read_acquire(self.send(OpKind::Acquire, r.key, r.owner, acquire_req(&r)).await?) },
+        )
+    }
+
+    fn acquire_many<'a>(
+        &'a self,
+        requests: &'a [AcquireRequest<'a>],
+    ) -> StoreFuture<'a, Vec<Result<AcquireOutcome, StoreError>>> {
         StoreFuture::new(async move {
-            let req = Req::Acquire {
-                key: r.key.to_owned(),
-                owner: r.owner.to_owned(),
-                lease: r.lease,
-                fingerprint: r.fingerprint.map(str::to_owned),
-                will_wait: r.will_wait,
-                report_ttl: r.report_ttl,
-                fence_now: r.fence_now,
-                lapse: r.lapse,
-                keep: r.keep,
-            };
-            match self.send(OpKind::Acquire, r.key, r.owner, req).await? {
-                Rep::Acquire(out) => out,
-                _ => unreachable!("an acquire answers an acquire"),
-            }
+            let items = requests.iter().map(|r| (OpKind::Acquire, r.key, r.owner, acquire_req(r))).collect();
+            self.batch(items, read_acquire).await
         })
     }
 
@@ -364,30 +481,34 @@ impl Store for Faulty {
     }
 
     fn commit<'a>(&'a self, r: CommitRequest<'a>) -> StoreFuture<'a, Result<Transition, StoreError>> {
+        StoreFuture::new(
+            async move { read_transition(self.send(OpKind::Commit, r.key, r.owner, commit_req(&r)).await?) },
+        )
+    }
+
+    fn commit_many<'a>(
+        &'a self,
+        requests: &'a [CommitRequest<'a>],
+    ) -> StoreFuture<'a, Vec<Result<Transition, StoreError>>> {
         StoreFuture::new(async move {
-            let req = Req::Commit {
-                key: r.key.to_owned(),
-                owner: r.owner.to_owned(),
-                fence: r.fence,
-                keep: r.keep,
-                result: r.result.map(<[u8]>::to_vec),
-                fingerprint: r.fingerprint.map(str::to_owned),
-                lease_in_record: r.lease_in_record,
-            };
-            match self.send(OpKind::Commit, r.key, r.owner, req).await? {
-                Rep::Transition(out) => out,
-                _ => unreachable!("a commit answers a transition"),
-            }
+            let items = requests.iter().map(|r| (OpKind::Commit, r.key, r.owner, commit_req(r))).collect();
+            self.batch(items, read_transition).await
         })
     }
 
     fn release<'a>(&'a self, key: &'a str, owner: &'a str) -> StoreFuture<'a, Result<Transition, StoreError>> {
         StoreFuture::new(async move {
-            let req = Req::Release { key: key.to_owned(), owner: owner.to_owned() };
-            match self.send(OpKind::Release, key, owner, req).await? {
-                Rep::Transition(out) => out,
-                _ => unreachable!("a release answers a transition"),
-            }
+            read_transition(self.send(OpKind::Release, key, owner, release_req(key, owner)).await?)
+        })
+    }
+
+    fn release_many<'a>(
+        &'a self,
+        releases: &'a [(&'a str, &'a str)],
+    ) -> StoreFuture<'a, Vec<Result<Transition, StoreError>>> {
+        StoreFuture::new(async move {
+            let items = releases.iter().map(|&(k, o)| (OpKind::Release, k, o, release_req(k, o))).collect();
+            self.batch(items, read_transition).await
         })
     }
 
@@ -396,21 +517,16 @@ impl Store for Faulty {
     }
 
     fn fail<'a>(&'a self, r: FailRequest<'a>) -> StoreFuture<'a, Result<Transition, StoreError>> {
+        StoreFuture::new(async move { read_transition(self.send(fail_kind(&r), r.key, r.owner, fail_req(&r)).await?) })
+    }
+
+    fn fail_many<'a>(
+        &'a self,
+        requests: &'a [FailRequest<'a>],
+    ) -> StoreFuture<'a, Vec<Result<Transition, StoreError>>> {
         StoreFuture::new(async move {
-            let req = Req::Fail {
-                key: r.key.to_owned(),
-                owner: r.owner.to_owned(),
-                attempt: r.attempt,
-                error: r.error.to_owned(),
-                keep: r.keep,
-                give_up: r.give_up,
-                fingerprint: r.fingerprint.map(str::to_owned),
-            };
-            let kind = if r.give_up { OpKind::GiveUp } else { OpKind::Fail };
-            match self.send(kind, r.key, r.owner, req).await? {
-                Rep::Transition(out) => out,
-                _ => unreachable!("a failure answers a transition"),
-            }
+            let items = requests.iter().map(|r| (fail_kind(r), r.key, r.owner, fail_req(r))).collect();
+            self.batch(items, read_transition).await
         })
     }
 
@@ -459,8 +575,7 @@ impl Store for Faulty {
             key: key.to_owned(),
             owner: owner.to_owned(),
         });
-        let req = Req::Release { key: key.to_owned(), owner: owner.to_owned() };
-        let _ = self.conn.send(Job { land_at, req, reply: None });
+        let _ = self.conn.send(Job { land_at, req: release_req(key, owner), reply: None });
     }
 
     fn follow_purges(&self, handler: PurgeHandler) -> StoreFuture<'_, Result<bool, StoreError>> {
