@@ -216,3 +216,55 @@ fn rolled_back(answer: &Result<Vec<Transition>, StoreError>, completed: &[Comple
 fn ran_keys<'a>(completed: &'a [Completed], transitions: &[Transition]) -> Vec<&'a str> {
     completed.iter().zip(transitions).filter(|(_, t)| **t != Transition::Done).map(|(c, _)| c.key.as_str()).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use crate::call::Call;
+    use crate::error::{Error, StoreError, StoreErrorKind};
+    use crate::runtime::{Idempotency, Settled};
+    use crate::store::memory::MemoryStore;
+
+    /// The state breaks after the first body (a transaction whose savepoint got no answer): the
+    /// items after it do not run, the commit is not called, and every item is unavailable with
+    /// its key released and no attempt counted (under `give_up_after(1)` a counted failure would
+    /// have given the keys up); claimed again, all three run.
+    #[tokio::test]
+    async fn a_spent_state_runs_nothing_more_and_commits_nothing() {
+        let idem = Idempotency::new(MemoryStore::new());
+        let calls = || ["a", "b", "c"].map(|k| Call::new(k).give_up_after(1));
+        let batch = idem.claim::<u32>(calls()).await;
+        assert_eq!(batch.to_run(), 3);
+        let ran = Cell::new(0);
+        let committed = Cell::new(false);
+        let settled = batch
+            .run_committing(
+                false,
+                |_, i, _| {
+                    ran.set(ran.get() + 1);
+                    // The first body's state comes back broken.
+                    std::future::ready((true, Ok::<u32, Error>(i as u32)))
+                },
+                |broken: &bool| broken.then(|| StoreError::new(StoreErrorKind::Timeout, "savepoint: no answer")),
+                |_, _| {
+                    committed.set(true);
+                    std::future::ready(Ok(Vec::new()))
+                },
+            )
+            .await;
+        assert_eq!(ran.get(), 1, "a body ran after the state broke");
+        assert!(!committed.get(), "a spent state was committed");
+        for (i, item) in settled.iter().enumerate() {
+            match item {
+                Settled::Unavailable(Error::Store { source, .. }) => {
+                    assert_eq!(source.kind(), StoreErrorKind::Timeout, "item {i}: {source}");
+                    assert_eq!(source.message().contains("not run"), i > 0, "item {i}: {source}");
+                }
+                other => panic!("item {i}: expected unavailable, got {other:?}"),
+            }
+        }
+        let again = idem.claim::<u32>(calls()).await;
+        assert_eq!(again.to_run(), 3, "a key was not released, or its attempt was counted");
+    }
+}
