@@ -526,3 +526,42 @@ async fn a_savepoint_without_an_answer_fails_the_batch_within_the_store_timeout(
     let counts = effects(&direct, &schema).await;
     assert!(counts.values().all(|&n| n == 1) && counts.len() == 3, "{counts:?}");
 }
+
+/// The first item's session is ended by the server (`pg_terminate_backend`) after its body: the
+/// server's last word is an error, then the connection closes, so releasing the savepoint is
+/// refused and undoing it fails too. The body succeeded and nothing is committed, so its item
+/// goes back unavailable like the rest, no attempt counted: it was counted as a failure and,
+/// under `give_up_after(1)`, given up (dead-lettered) for a body that did its work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_the_server_ends_after_a_body_counts_no_attempt() {
+    let (store, schema) = shared_store().await;
+    let idem = Idempotency::new(store.clone());
+    let calls = || ["t1", "t2"].map(|k| Call::new(k).scope("inbox").give_up_after(1));
+    let batch = idem.claim::<u32>(calls()).await;
+    assert_eq!(batch.to_run(), 2);
+    let settled = store
+        .run_batch_in_transaction(batch, |mut tx, i, _| {
+            let (schema, store) = (schema.clone(), store.clone());
+            async move {
+                let out = insert_effect(&mut tx, &schema).await.map(|()| i as u32);
+                if i == 0 {
+                    let (pid,): (i32,) =
+                        sqlx::query_as("SELECT pg_backend_pid()").fetch_one(&mut *tx).await.expect("pid");
+                    let (done,): (bool,) = sqlx::query_as("SELECT pg_terminate_backend($1)")
+                        .bind(pid)
+                        .fetch_one(store.pool())
+                        .await
+                        .expect("terminate");
+                    assert!(done);
+                    // The server's error and the connection's end reach the client first.
+                    tokio::time::sleep(ms(200)).await;
+                }
+                (tx, out)
+            }
+        })
+        .await;
+    assert_eq!(names(&settled), ["unavailable", "unavailable"], "{settled:?}");
+    assert!(effects(&store, &schema).await.is_empty(), "a write of the ended session was committed");
+    let again = idem.claim::<u32>(calls()).await;
+    assert_eq!(again.to_run(), 2, "a key was given up or left held");
+}

@@ -31,8 +31,10 @@ where
     ///
     /// `spent(&state)`, asked before each item's turn and before the commit, says whether the
     /// state can take no more (the store's transaction broke, or no one can tell what it holds):
-    /// then the items left do not run, nothing is committed, and every item that ran or was left
-    /// is released and settled as [`Settled::Unavailable`] with that error, no attempt counted.
+    /// then the items left do not run, nothing is committed, and every item whose body returned
+    /// its value, and every item left, is released and settled as [`Settled::Unavailable`] with
+    /// that error, no attempt counted. A body that returned `Err` keeps its failure, counted as
+    /// any body's `Err` is.
     ///
     /// `commit` answers one [`Transition`] per record, in order. Every one `Done`: the effects and
     /// the records are committed, and the items are [`Settled::Executed`]. Any other: `commit`

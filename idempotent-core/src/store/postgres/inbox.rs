@@ -43,7 +43,8 @@ impl PgStore {
     /// commit) under the store's timeout too. A savepoint's statement that gets no answer in time,
     /// or loses its connection, leaves unknown what the transaction holds: the items after it do
     /// not run, nothing is committed, and every item is released and settled as
-    /// [`Settled::Unavailable`] (no attempt counted), its delivery to be handed back. Round trips besides the claim's and the bodies' own:
+    /// [`Settled::Unavailable`] (no attempt counted), its delivery to be handed back; only a body
+    /// that returned `Err` itself keeps its failure, counted as any body's `Err` is. Round trips besides the claim's and the bodies' own:
     /// `BEGIN` (with the first savepoint) and one per item run (releasing its savepoint and
     /// opening the next), then the records' statement and `COMMIT`: 104 for a batch of 100,
     /// where one transactional call per message costs 5 each.
@@ -196,14 +197,14 @@ async fn item_done<T, E: From<Error>>(
     match (failed, out) {
         // The server refused the statement: the body left the transaction failed (an error it
         // swallowed). Its writes cannot be kept apart from the others' but can be undone.
-        (Failed::Refused(e), Ok(_)) => match savepoint(&mut tx, UNDO_ITEM, timeout).await {
+        (Failed::Refused(e), Ok(value)) => match savepoint(&mut tx, UNDO_ITEM, timeout).await {
             Ok(()) => {
                 (Inbox { tx, broken: None }, Err(E::from(Error::Store { key: context.key().to_owned(), source: e })))
             }
-            Err(undo) => (
-                Inbox { tx, broken: Some(undo.into_error()) },
-                Err(E::from(Error::Store { key: context.key().to_owned(), source: e })),
-            ),
+            // Not undone either: the server ended the session (its last word an error, then the
+            // connection closed), or the transaction cannot go on. Nothing will be committed, so
+            // this body's value stands and goes back with the batch, its attempt not counted.
+            Err(undo) => (Inbox { tx, broken: Some(undo.into_error()) }, Ok(value)),
         },
         // No answer in time, or no connection: whether the statement ran (keeping this item's
         // writes) is unknown. The transaction is broken: no item runs after this one and nothing
