@@ -5,9 +5,10 @@
 //! late or never (the command did land), commands refused before they land, a plain acquire split
 //! across a stall, notifications late or missed. Every call is bounded by the store's timeout, as
 //! `RedisStore`'s are; a command whose caller gave up still lands. A release for a caller that
-//! gave up ([`Store::abandon`]) goes through the same connection, behind what the owner sent. A
-//! batch's commands (`acquire_many`, `commit_many`, `release_many`, `fail_many`) go as one command
-//! that lands whole and is answered by one reply, late or lost as a whole, as a script call is.
+//! gave up ([`Store::abandon`]) goes through the same connection, behind what the owner sent. Half
+//! the batches' commands (`acquire_many`, `commit_many`, `release_many`, `fail_many`) go as one
+//! command that lands whole and is answered by one reply, late or lost as a whole, as a script
+//! call is; the other half item by item, so that a batch's items can come back mixed.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -234,14 +235,24 @@ impl Faulty {
         }
     }
 
-    /// A batch of `items` sent as one command, each reply read by `read`; a command that failed
-    /// as a whole fails each item with its error.
+    /// A batch of `items`, each reply read by `read`. Half the batches (by their keys, so a seed
+    /// replays the same) go as one command, which fails each item with its error if it fails as a
+    /// whole (a script call, a pipeline on one connection); the others item by item, one after the
+    /// other, so that one batch's items can come back mixed (a store's batch split over hash
+    /// slots and connections: some acquired and some not, some committed and some not).
     async fn batch<T>(
         &self,
         items: Vec<(OpKind, &str, &str, Req)>,
         read: impl Fn(Rep) -> Result<T, StoreError>,
     ) -> Vec<Result<T, StoreError>> {
         let n = items.len();
+        if !sent_whole(items.iter().map(|(_, key, _, _)| *key)) {
+            let mut out = Vec::with_capacity(n);
+            for (kind, key, owner, req) in items {
+                out.push(self.send(kind, key, owner, req).await.and_then(&read));
+            }
+            return out;
+        }
         match self.send_many(items).await {
             Ok(reps) => reps.into_iter().map(read).collect(),
             Err(e) => (0..n).map(|_| Err(StoreError::new(e.kind(), e.message()))).collect(),
@@ -365,6 +376,17 @@ async fn apply(backend: &Backend, req: Req, split: Duration) -> Rep {
             Rep::Transition(store.fail(req).await)
         }
     }
+}
+
+/// Whether the batch of `keys` goes as one command (see `Faulty::batch`): by a hash of its keys,
+/// the same in every run.
+fn sent_whole<'a>(keys: impl Iterator<Item = &'a str>) -> bool {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for k in keys {
+        k.hash(&mut h);
+    }
+    h.finish() % 2 == 0
 }
 
 /// An acquire, owned.
