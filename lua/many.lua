@@ -8,8 +8,8 @@
 -- ARGV[2 + (i-1)*n ...]   the i-th key's n arguments
 -- Returns an array with, per key, the one-key script's reply.
 -- The two tables `one` gets are made once and filled again for each key (every entry is
--- written each time; no one-key script keeps or changes them): two tables fewer per key, about
--- a seventh of a batch script's server time per key on Redis 7.0 (docs/batches.md).
+-- written each time; no one-key script keeps or changes them): two tables fewer per key; the
+-- batch commit script of 100 keys on Redis 7.0 went from 375.6 to 310-316 µs (docs/batches.md).
 local n, out = tonumber(ARGV[1]), {}
 local keys, args = {}, {}
 for i = 1, #KEYS do

@@ -13,7 +13,7 @@ use std::time::Duration;
 use idempotency::store::postgres::sqlx::{self, Row};
 use idempotency::store::postgres::PgTransaction;
 use idempotency::store::{Inspected, RecordState};
-use idempotency::{Call, CallContext, Error, Idempotency, PgStore, Settled};
+use idempotency::{Batch, Call, CallContext, Error, Idempotency, PgStore, Settled};
 use support::postgres::{delete_record, shared_database, unique_schema};
 use support::proxy::Proxy;
 use support::{ms, AppError, R};
@@ -52,6 +52,19 @@ async fn insert_effect(tx: &mut PgTransaction, schema: &str) -> R<()> {
         .await
         .map_err(|e| AppError::Idem(Error::InvalidCall { key: ctx.key().to_owned(), reason: e.to_string() }))?;
     Ok(())
+}
+
+/// Runs `batch` in one transaction, each body writing its effect and answering its index.
+async fn run_writing(store: &PgStore, schema: &str, batch: Batch<u32>) -> Vec<Settled<u32, AppError>> {
+    store
+        .run_batch_in_transaction(batch, |mut tx, i, _| {
+            let schema = schema.to_owned();
+            async move {
+                let out = insert_effect(&mut tx, &schema).await.map(|()| i as u32);
+                (tx, out)
+            }
+        })
+        .await
 }
 
 fn calls(keys: &[&str], ttl: Duration) -> Vec<Call> {
@@ -513,15 +526,7 @@ async fn a_savepoint_without_an_answer_fails_the_batch_within_the_store_timeout(
     assert!(effects(&direct, &schema).await.is_empty(), "a write of the broken batch was committed");
     let again = Idempotency::new(direct.clone()).claim::<u32>(calls(&["s1", "s2", "s3"], ttl)).await;
     assert_eq!(again.to_run(), 3, "every key runs again");
-    let settled = direct
-        .run_batch_in_transaction(again, |mut tx, i, _| {
-            let schema = schema.clone();
-            async move {
-                let out = insert_effect(&mut tx, &schema).await.map(|()| i as u32);
-                (tx, out)
-            }
-        })
-        .await;
+    let settled = run_writing(&direct, &schema, again).await;
     assert_eq!(names(&settled), ["executed", "executed", "executed"]);
     let counts = effects(&direct, &schema).await;
     assert!(counts.values().all(|&n| n == 1) && counts.len() == 3, "{counts:?}");

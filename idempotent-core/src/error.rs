@@ -328,6 +328,20 @@ impl StoreError {
         StoreError { kind, message: message.into(), source: None }
     }
 
+    /// A copy of this error's kind and message, without its source (which need not be
+    /// cloneable): one command's failure told to each item it carried, in a batch.
+    ///
+    /// ```
+    /// use idempotency::{StoreError, StoreErrorKind};
+    ///
+    /// let e = StoreError::new(StoreErrorKind::Timeout, "no reply within 1s");
+    /// let each: Vec<StoreError> = (0..3).map(|_| e.copied()).collect();
+    /// assert_eq!(each[2].to_string(), e.to_string());
+    /// ```
+    pub fn copied(&self) -> StoreError {
+        StoreError::new(self.kind, self.message.clone())
+    }
+
     /// Attaches the underlying error.
     pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
         self.source = Some(Box::new(source));

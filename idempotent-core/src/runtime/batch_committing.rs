@@ -194,7 +194,7 @@ fn rolled_back(answer: &Result<Vec<Transition>, StoreError>, completed: &[Comple
     let why = |n: usize| -> Error {
         let key = completed[n].key.clone();
         match answer {
-            Err(source) => Error::Store { key, source: StoreError::new(source.kind(), source.message()) },
+            Err(source) => Error::Store { key, source: source.copied() },
             Ok(transitions) => match transitions.get(n) {
                 Some(Transition::Lost) => Error::LeaseLost {
                     key,

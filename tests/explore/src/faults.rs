@@ -255,7 +255,7 @@ impl Faulty {
         }
         match self.send_many(items).await {
             Ok(reps) => reps.into_iter().map(read).collect(),
-            Err(e) => (0..n).map(|_| Err(StoreError::new(e.kind(), e.message()))).collect(),
+            Err(e) => (0..n).map(|_| Err(e.copied())).collect(),
         }
     }
 }

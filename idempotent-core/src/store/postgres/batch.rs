@@ -89,7 +89,7 @@ impl PgStore {
         let mut out: Vec<Option<Result<AcquireOutcome, Failed>>> = (0..items.len()).map(|_| None).collect();
         let mut conn = match self.inner.pool.connection("acquire", deadline).await {
             Ok(conn) => conn,
-            Err(e) => return for_each(items.len(), || Err(Failed::unsent(StoreError::new(e.kind(), e.message())))),
+            Err(e) => return for_each(items.len(), || Err(Failed::unsent(e.copied()))),
         };
         // The items the statement has not settled yet, by index.
         let mut pending: Vec<usize> = (0..items.len()).collect();
@@ -124,8 +124,7 @@ impl PgStore {
                     let maybe_landed = !matches!(e, sqlx::Error::Database(_));
                     let error = pg_error("acquire", e);
                     for &i in &pending {
-                        out[i] =
-                            Some(Err(Failed { error: StoreError::new(error.kind(), error.message()), maybe_landed }));
+                        out[i] = Some(Err(Failed { error: error.copied(), maybe_landed }));
                     }
                     break;
                 }
@@ -210,7 +209,7 @@ impl PgStore {
     ) -> Vec<Result<Transition, StoreError>> {
         let rows = match self.rows(op, pool, query).await {
             Ok(rows) => rows,
-            Err(e) => return for_each(n, || Err(StoreError::new(e.kind(), e.message()))),
+            Err(e) => return for_each(n, || Err(e.copied())),
         };
         let mut out: Vec<Option<Result<Transition, StoreError>>> = (0..n).map(|_| None).collect();
         for row in &rows {

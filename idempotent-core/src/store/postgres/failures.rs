@@ -155,7 +155,7 @@ impl PgStore {
         let n = requests.len();
         let rows = match self.rows("fail", &self.inner.control, query).await {
             Ok(rows) => rows,
-            Err(e) => return (0..n).map(|_| Err(StoreError::new(e.kind(), e.message()))).collect(),
+            Err(e) => return (0..n).map(|_| Err(e.copied())).collect(),
         };
         let mut out: Vec<Option<Result<Transition, StoreError>>> = (0..n).map(|_| None).collect();
         for row in &rows {

@@ -44,8 +44,9 @@ impl PgStore {
     /// or loses its connection, leaves unknown what the transaction holds: the items after it do
     /// not run, nothing is committed, and every item is released and settled as
     /// [`Settled::Unavailable`] (no attempt counted), its delivery to be handed back; only a body
-    /// that returned `Err` itself keeps its failure, counted as any body's `Err` is. Round trips besides the claim's and the bodies' own:
-    /// `BEGIN` (with the first savepoint) and one per item run (releasing its savepoint and
+    /// that returned `Err` itself keeps its failure, counted as any body's `Err` is.
+    ///
+    /// Round trips besides the claim's and the bodies' own: `BEGIN` (with the first savepoint) and one per item run (releasing its savepoint and
     /// opening the next), then the records' statement and `COMMIT`: 104 for a batch of 100,
     /// where one transactional call per message costs 5 each.
     ///
@@ -90,7 +91,7 @@ impl PgStore {
                 let failed = move |_: usize, context: CallContext| {
                     let source = cause.as_ref().map_or_else(
                         || StoreError::new(crate::StoreErrorKind::Backend, "no transaction"),
-                        |e| StoreError::new(e.kind(), e.message()),
+                        StoreError::copied,
                     );
                     std::future::ready(Err(E::from(Error::Store { key: context.key().to_owned(), source })))
                 };
@@ -105,7 +106,7 @@ impl PgStore {
             let ran = body(inbox.tx, index, context.clone());
             Box::pin(item_done(ran, context, timeout))
         };
-        let spent = |inbox: &Inbox| inbox.broken.as_ref().map(|e| StoreError::new(e.kind(), e.message()));
+        let spent = |inbox: &Inbox| inbox.broken.as_ref().map(StoreError::copied);
         let inbox = Inbox { tx, broken: None };
         batch.run_committing(inbox, each, spent, |inbox, completed| self.commit_batch(inbox.tx, completed)).await
     }

@@ -12,11 +12,6 @@ use fred::types::ClusterHash;
 
 use super::*;
 
-/// A fresh copy of `e` for each item its command carried.
-fn copied(e: &StoreError) -> StoreError {
-    StoreError::new(e.kind(), e.message())
-}
-
 /// One group's keys (their indices) and its replies, one per key, or the group's error.
 type GroupReplies<'a, R> = (&'a Vec<usize>, Result<Vec<R>, StoreError>);
 
@@ -37,7 +32,7 @@ fn scattered<R, T>(
             }
             Err(e) => {
                 for &i in members {
-                    out[i] = Some(Err(copied(&e)));
+                    out[i] = Some(Err(e.copied()));
                 }
             }
         }
