@@ -203,7 +203,8 @@ impl PgStore {
         let timeout = self.inner.timeout;
         let mut conn = self.inner.pool.connection("acquire", deadline).await.map_err(Failed::unsent)?;
         for _ in 0..8 {
-            let query = sqlx::query(&self.inner.sql.acquire)
+            let sql = &self.inner.sql;
+            let query = sqlx::query(if will_wait { &sql.acquire_waiting } else { &sql.acquire })
                 .bind(stored(key))
                 .bind(owner)
                 .bind(fingerprint)
