@@ -816,3 +816,41 @@ async fn a_version_1_table_is_refused_until_migrated_and_then_reads_as_before() 
     let idem = Idempotency::new(again);
     assert_eq!(idem.run(call("done"), || async { R::Ok(6u32) }).await.unwrap(), 5);
 }
+
+/// A first execution calls the table's acquire function (schema version 3) where it is there: a
+/// store that found it fails once it is dropped. A table without it (migrated by an earlier
+/// version, or by hand from one) is not refused: a store connecting to it sends the statement the
+/// function wraps, and gets the same answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_executions_call_the_acquire_function_and_do_without_it() {
+    let url = tokio::task::block_in_place(shared_database);
+    let schema = unique_schema();
+    let with = PgStore::builder(url).schema(&schema).migrate().connect().await.expect("migrated");
+    let idem = Idempotency::new(with.clone());
+    let call = |key: &str| Call::new(key).scope("orders");
+    assert_eq!(idem.run(call("a"), || async { R::Ok(1u32) }).await.unwrap(), 1);
+    assert_eq!(idem.run(call("a"), || async { R::Ok(2u32) }).await.unwrap(), 1, "replayed through the function");
+
+    let drop_function =
+        format!("DROP FUNCTION \"{schema}\".idempotency_acquire(text, text, text, bigint, boolean, text, bigint)");
+    sqlx::query(&drop_function).execute(with.pool()).await.expect("drop the function");
+    let gone = idem.run(call("b"), || async { R::Ok(3u32) }).await;
+    match gone {
+        Err(AppError::Idem(Error::Store { source, .. })) => {
+            assert!(source.to_string().contains("idempotency_acquire"), "{source}")
+        }
+        other => panic!("a store that found the function calls it: {other:?}"),
+    }
+
+    let without = PgStore::builder(url).schema(&schema).connect().await.expect("a table without the function");
+    let idem = Idempotency::new(without);
+    assert_eq!(idem.run(call("b"), || async { R::Ok(3u32) }).await.unwrap(), 3);
+    assert_eq!(idem.run(call("b"), || async { R::Ok(4u32) }).await.unwrap(), 3, "replayed by the statement");
+    assert_eq!(idem.run(call("a"), || async { R::Ok(5u32) }).await.unwrap(), 1);
+
+    // Migrating brings it back, and a store that calls it sees the same records.
+    let again = PgStore::builder(url).schema(&schema).migrate().connect().await.expect("migrated again");
+    let idem = Idempotency::new(again);
+    assert_eq!(idem.run(call("b"), || async { R::Ok(6u32) }).await.unwrap(), 3);
+    assert_eq!(idem.run(call("c"), || async { R::Ok(7u32) }).await.unwrap(), 7);
+}

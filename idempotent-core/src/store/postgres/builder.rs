@@ -206,7 +206,7 @@ impl PgStoreBuilder {
         let pool = Pool::lazy(side(self.pool_size), options.clone(), self.timeout);
         let control = Pool::lazy(side(CONTROL_CONNECTIONS), options.clone(), self.timeout);
         let listen_pool: PgPool = side(1).max_lifetime(None).idle_timeout(None).connect_lazy_with(options);
-        let sql = Statements::new(&self.schema, &self.table);
+        let mut sql = Statements::new(&self.schema, &self.table);
         let table = format!("\"{}\".\"{}\"", self.schema, self.table);
         let ready = async {
             let mut conn = pool.sqlx().acquire().await.map_err(|e| pg_error("connect", e))?;
@@ -225,12 +225,32 @@ impl PgStoreBuilder {
                 );
                 StoreError::new(e.kind(), message)
             })?;
-            Ok(shared_token_secrets(&mut conn, &self.schema, &self.table).await)
+            // The acquire function of schema version 3, where the user may execute it; without it
+            // (a table migrated by an earlier version, or by hand from it), the same statement.
+            let call = "SELECT coalesce(has_function_privilege(to_regprocedure($1), 'EXECUTE'), false)";
+            let callable: bool = sqlx::query_scalar(call)
+                .bind(&sql.acquire_function)
+                .fetch_one(&mut *conn)
+                .await
+                .map_err(|e| pg_error("check the acquire function", e))?;
+            if !callable {
+                tracing::warn!(
+                    function = %sql.acquire_function,
+                    "idempotency: no acquire function this user may execute; first executions send the longer \
+                     statement (run PgStore::migrate, or the builder's migration, or apply PgStore::schema_sql)"
+                );
+            }
+            Ok((shared_token_secrets(&mut conn, &self.schema, &self.table).await, callable))
         };
         // The connect timeout bounds everything, including the pool's own wait for a connection.
         let connected = tokio::time::timeout(self.connect_timeout, ready).await;
         let token_secrets = match connected {
-            Ok(Ok(secrets)) => secrets,
+            Ok(Ok((secrets, callable))) => {
+                if callable {
+                    sql.acquire = sql.acquire_call.clone();
+                }
+                secrets
+            }
             Ok(Err(e)) => return Err(named(e)),
             Err(_) => return Err(named(StoreError::timeout("connect", self.connect_timeout))),
         };

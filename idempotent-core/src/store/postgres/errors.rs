@@ -18,7 +18,7 @@ pub(crate) fn pg_error(op: &str, e: sqlx::Error) -> StoreError {
                 let message = format!(
                     "{op}: {} (the records table must exist with this store's schema and table: \
                      PgStoreBuilder::migrate, or PgStore::schema_sql; and the user needs SELECT, INSERT, UPDATE, \
-                     DELETE on it and USAGE on its sequence; see docs/postgres.md)",
+                     DELETE on it, USAGE on its sequence and EXECUTE on its acquire function; see docs/postgres.md)",
                     db.message()
                 );
                 return StoreError::new(StoreErrorKind::Config, message).with_source(e);

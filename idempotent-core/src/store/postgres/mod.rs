@@ -129,9 +129,9 @@ impl PgStore {
         stored(key)
     }
 
-    /// The SQL that creates the records table (and its sequence and index) for `schema` and
-    /// `table`, as [`PgStoreBuilder::migrate`] runs it: for migration tools of your own. Both
-    /// names must be plain identifiers.
+    /// The SQL that creates the records table (and its sequence, index and acquire function) for
+    /// `schema` and `table`, as [`PgStoreBuilder::migrate`] runs it: for migration tools of your
+    /// own. Both names must be plain identifiers.
     pub fn schema_sql(schema: &str, table: &str) -> Result<String, StoreError> {
         builder::check_names(schema, table)?;
         Ok(Statements::new(schema, table).migrate)

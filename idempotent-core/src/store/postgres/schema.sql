@@ -1,8 +1,9 @@
 -- The records table of `PgStore` (schema version 2: version 1 and the columns of attempts).
 -- `PgStore::migrate()` runs this file with the schema and table placeholders (in braces) replaced
--- by the store's validated names; to apply it yourself, replace them the same way (defaults:
--- public, idempotency). Safe to run again, and from several processes at once (they take turns on
--- an advisory lock). It brings a table of version 1 to version 2 in place.
+-- by the store's validated names, followed by the acquire function of version 3 (`<table>_acquire`,
+-- built from the store's acquire statement in sql.rs); `PgStore::schema_sql` returns both, to apply
+-- yourself. Safe to run again, and from several processes at once (they take turns on an advisory
+-- lock). It brings a table of version 1 to version 2 in place.
 --
 -- One row per key:
 --   key          the full key (scope and key); "C" collation, so that a prefix is one range of

@@ -36,6 +36,11 @@ pub(crate) struct Statements {
     pub(crate) acquire: String,
     /// The acquire of a caller that will wait for the holder: marks the row watched.
     pub(crate) acquire_waiting: String,
+    /// `acquire` as a call of the table's acquire function (made by `migrate`), which the store
+    /// sends in its place where the function is there and the user may execute it.
+    pub(crate) acquire_call: String,
+    /// The acquire function's signature, for `to_regprocedure`.
+    pub(crate) acquire_function: String,
     /// The batch transitions: `acquire`, `commit` and `remove` over arrays, one row per item.
     pub(crate) acquire_many: String,
     pub(crate) commit_many: String,
@@ -107,11 +112,16 @@ fn lease_left(prefix: &str) -> String {
     LEFT_MS.replace("{at}", &format!("coalesce({prefix}lease_end, {prefix}expires_at)"))
 }
 
+/// The acquire function of a schema and table, quoted (`migrate` makes it; see `acquire_call`).
+fn acquire_function_name(schema: &str, table: &str) -> String {
+    format!("\"{schema}\".\"{table}_acquire\"")
+}
+
 impl Statements {
     pub(crate) fn new(schema: &str, table: &str) -> Statements {
         let t = format!("\"{schema}\".\"{table}\"");
         let seq = format!("nextval('\"{schema}\".\"{table}_fence\"')");
-        let migrate = include_str!("schema.sql").replace("{schema}", schema).replace("{table}", table);
+        let tables = include_str!("schema.sql").replace("{schema}", schema).replace("{table}", table);
         let watch_channel = format!("{schema}.{table}.w");
         let purge_channel = format!("{schema}.{table}.p");
         let left = |at: &str| LEFT_MS.replace("{at}", at);
@@ -142,15 +152,16 @@ impl Statements {
                 RETURNING 1",
             lapsed = lapsed(""),
         );
-        let acquire_waiting = format!(
-            "WITH ins AS (
-                INSERT INTO {t} (key, state, owner, fingerprint, expires_at, attempt, lease_end, hold)
+        let insert = format!(
+            "INSERT INTO {t} (key, state, owner, fingerprint, expires_at, attempt, lease_end, hold)
                 VALUES ($1, 'P', $2, $3,
                     {lease} + CASE WHEN $6 = '0' THEN interval '0' ELSE $7::bigint * interval '1 millisecond' END,
                     1, CASE WHEN $6 <> '0' THEN {lease} END, $6 = '2')
-                ON CONFLICT (key) DO NOTHING
-                RETURNING {seq} AS fence, attempt
-            ), took AS (
+                ON CONFLICT (key) DO NOTHING"
+        );
+        // What follows the insert (`ins`), with `{marks}` to fill.
+        let after_insert = format!(
+            "took AS (
                 UPDATE {t} SET state = 'P', owner = $2, fence = NULL, fingerprint = $3, result = NULL,
                     stored_at = NULL, last_error = NULL, hold = $6 = '2',
                     attempt = CASE WHEN expires_at <= statement_timestamp() THEN 1 ELSE coalesce(attempt, 1) + 1 END,
@@ -187,8 +198,42 @@ impl Statements {
             left_r = lease_left("r."),
             lease_end_ms_r = LEASE_END_MS.replace("{r}", "r."),
         );
-        let acquire = acquire_waiting.replace("{marks}", "SELECT 1 WHERE $5 AND false");
-        let acquire_waiting = acquire_waiting.replace("{marks}", &marks);
+        let no_marks = "SELECT 1 WHERE $5 AND false";
+        let acquire_waiting = format!("WITH ins AS ({insert} RETURNING {seq} AS fence, attempt), {after_insert}")
+            .replace("{marks}", &marks);
+        let acquire = format!("WITH ins AS ({insert} RETURNING {seq} AS fence, attempt), {after_insert}")
+            .replace("{marks}", no_marks);
+        // The same as a function, for a first execution: the insert alone, and only when it finds
+        // the key taken, the rest (as `acquire`, with nothing inserted). A statement's every part is
+        // set up at each execution, run or not; the function's parts are set up only when it
+        // reaches them, so the usual case, an absent key, costs the insert and the token. Its
+        // arguments are the statement's, its rows the same.
+        let function_sql = format!(
+            "-- The acquire of a first execution, as a function (schema version 3; see acquire_call).
+CREATE OR REPLACE FUNCTION {function}(text, text, text, bigint, boolean, text, bigint)
+RETURNS TABLE (found text, fence bigint, fingerprint text, result bytea, left_ms bigint, watched boolean,
+    marked bigint, attempt integer, owner text, last_error text, lease_end_ms bigint)
+LANGUAGE plpgsql AS $acquire$
+#variable_conflict use_column
+BEGIN
+    {insert};
+    IF FOUND THEN
+        RETURN QUERY SELECT 'A'::text, {seq}, NULL::text, NULL::bytea, 0::bigint, false, 0::bigint, 1, NULL::text,
+            NULL::text, NULL::bigint;
+        RETURN;
+    END IF;
+    RETURN QUERY WITH ins AS (SELECT NULL::bigint AS fence, NULL::integer AS attempt WHERE false), {after_insert};
+END
+$acquire$;
+",
+            function = acquire_function_name(schema, table),
+        )
+        .replace("{marks}", no_marks);
+        let migrate = format!("{tables}\n{function_sql}");
+        let acquire_function =
+            format!("{}(text, text, text, bigint, boolean, text, bigint)", acquire_function_name(schema, table));
+        let acquire_call =
+            format!("SELECT * FROM {}($1, $2, $3, $4, $5, $6, $7)", acquire_function_name(schema, table));
 
         // $1 keys, $2 owners, $3 leases (ms): the leases still held, as (key, owner). A row that
         // keeps its lease's end gets a new one and lives as long past it as before; one whose end
@@ -478,6 +523,8 @@ impl Statements {
             migrate,
             acquire,
             acquire_waiting,
+            acquire_call,
+            acquire_function,
             renew,
             commit,
             remove,
@@ -514,6 +561,8 @@ mod tests {
             s.acquire.contains("\"svc\".\"records\"") && s.acquire.contains("nextval('\"svc\".\"records_fence\"')")
         );
         assert!(!s.acquire.contains("SET watched = true") && s.acquire_waiting.contains("SET watched = true"));
+        assert!(s.migrate.contains("CREATE OR REPLACE FUNCTION \"svc\".\"records_acquire\"(text,"));
+        assert!(s.acquire_call.starts_with("SELECT * FROM \"svc\".\"records_acquire\"($1,"));
         assert!(s.migrate.contains("CREATE TABLE IF NOT EXISTS \"svc\".\"records\"") && !s.migrate.contains('{'));
         assert_eq!((s.watch_channel.as_str(), s.purge_channel.as_str()), ("svc.records.w", "svc.records.p"));
     }
