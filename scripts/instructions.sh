@@ -12,7 +12,7 @@ cd "$root"
 low="${LOW:-200}"
 high="${HIGH:-1200}"
 paths=("$@")
-[ ${#paths[@]} -eq 0 ] && paths=(get evalsha naive-first naive-replay first replay conflict first-fenced)
+[ ${#paths[@]} -eq 0 ] && paths=(get evalsha naive-first naive-replay first replay conflict first-fenced memory-first)
 command -v valgrind >/dev/null || { echo "instructions: valgrind is not installed" >&2; exit 1; }
 
 cargo build --release -q -p idempotent-bench

@@ -5,7 +5,8 @@
 //! exits. The script runs each path twice, with two values of `N`, and divides the difference by
 //! the difference of `N`: what connecting and preparing cost cancels out.
 //!
-//! Paths: ours (`first`, `replay`, `conflict`, `first-fenced`: a body that reads its fence), the
+//! Paths: ours (`first`, `replay`, `conflict`, `first-fenced`: a body that reads its fence;
+//! `memory-first`: a first execution on `MemoryStore`, the runtime's cost without a client's), the
 //! naive baseline (`naive-first`: `SET NX` then `SET`; `naive-replay`: `SET NX` then `GET`) and
 //! the floors (`get`: one bare command; `evalsha`: one script call of `return 1`), all through
 //! the same fred client.
@@ -14,7 +15,7 @@ use std::time::Duration;
 
 use idempotency::store::redis::fred::prelude::*;
 use idempotency::store::{AcquireOutcome, AcquireRequest};
-use idempotency::{Call, CallContext, Error, Idempotency, RedisStore, Store};
+use idempotency::{Call, CallContext, Error, Idempotency, MemoryStore, RedisStore, Store};
 
 use crate::ops::{receipt, Receipt, R};
 
@@ -30,6 +31,7 @@ pub const PATHS: &[&str] = &[
     "first-fenced",
     "batch",
     "naive-batch",
+    "memory-first",
 ];
 
 /// The messages of one op of the `batch` and `naive-batch` paths.
@@ -46,6 +48,7 @@ pub fn run(path: &str, n: u64, url: &str) {
         let store = RedisStore::connect(url).await.unwrap_or_else(|e| panic!("connect to {url}: {e}"));
         let client = store.pool().next().clone();
         let idem = Idempotency::new(store.clone());
+        let memory = Idempotency::new(MemoryStore::new());
         let floor = fred::types::scripts::Script::from_lua("return 1");
         floor.load(&client).await.expect("load the floor script");
         // What the paths read: the same keys at every N, so that preparing cancels out.
@@ -116,6 +119,12 @@ pub fn run(path: &str, n: u64, url: &str) {
                 "conflict" => {
                     let r: R<()> = idem.run(Call::new("ins:held"), || async { Ok(()) }).await;
                     matches!(r, Err(Error::Conflict { .. }))
+                }
+                // A first execution on the in-memory store: the runtime's own cost, no client's.
+                "memory-first" => {
+                    let r: R<Receipt> =
+                        memory.run(Call::new(format!("first:{i}")), || async move { Ok(receipt(i)) }).await;
+                    r.is_ok()
                 }
                 // One op: a batch of 100 fresh keys claimed, run (an empty body) and committed.
                 "batch" => {
