@@ -854,3 +854,34 @@ async fn first_executions_call_the_acquire_function_and_do_without_it() {
     assert_eq!(idem.run(call("b"), || async { R::Ok(6u32) }).await.unwrap(), 3);
     assert_eq!(idem.run(call("c"), || async { R::Ok(7u32) }).await.unwrap(), 7);
 }
+
+/// A user who may not execute the acquire function (a database that revoked the default
+/// `EXECUTE` from everyone) is not refused: its store sends the statement, with the same answers.
+/// On a cluster of the test's own, as it makes a role.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_without_execute_on_the_acquire_function_acquires_through_the_statement() {
+    let cluster = tokio::task::block_in_place(PgCluster::start);
+    let admin = PgStore::builder(&cluster.url("postgres")).schema("app").migrate().connect().await.expect("migrated");
+    sqlx::raw_sql(
+        "CREATE ROLE app_user LOGIN;
+         GRANT USAGE ON SCHEMA app TO app_user;
+         GRANT SELECT, INSERT, UPDATE, DELETE ON app.idempotency, app.idempotency_secret TO app_user;
+         GRANT USAGE ON SEQUENCE app.idempotency_fence TO app_user;
+         REVOKE EXECUTE ON FUNCTION app.idempotency_acquire(text, text, text, bigint, boolean, text, bigint)
+             FROM PUBLIC;",
+    )
+    .execute(admin.pool())
+    .await
+    .expect("a user without EXECUTE on the function");
+    let url = format!("postgres://app_user@127.0.0.1:{}/postgres", cluster.port());
+    let store = PgStore::builder(&url).schema("app").connect().await.expect("connect without EXECUTE");
+    let idem = Idempotency::new(store);
+    let call = |key: &str| Call::new(key).scope("orders");
+    assert_eq!(idem.run(call("a"), || async { R::Ok(1u32) }).await.unwrap(), 1);
+    assert_eq!(idem.run(call("a"), || async { R::Ok(2u32) }).await.unwrap(), 1, "replayed by the statement");
+    // The function is there and refuses this user: a call of it would fail, so the store did not
+    // call it.
+    let call_it = "SELECT * FROM app.idempotency_acquire('k', 'o', NULL, 1000, false, '0', 0)";
+    let refused = sqlx::query(call_it).execute(&sqlx::PgPool::connect(&url).await.unwrap()).await;
+    assert!(refused.is_err_and(|e| e.to_string().contains("permission denied")));
+}
