@@ -276,8 +276,10 @@ impl Node {
         let client = builder
             .build_subscriber_client()
             .map_err(|e| Failure::new(EXIT_CONNECT, format!("watch: cannot configure a subscriber: {e}")))?;
-        client.connect();
-        bounded("connect", timeout, client.wait_for_connect())
+        // `init` subscribes to the connect notification before it starts the connection task;
+        // `connect` then `wait_for_connect` can miss a connection that completes in between and
+        // wait out the whole timeout.
+        bounded("connect", timeout, client.init())
             .await
             .map_err(|f| Failure { code: EXIT_CONNECT, message: f.message })?;
         let (host, port) = match client.active_connections().into_iter().next() {
