@@ -65,7 +65,7 @@ case "$plant" in
         sed -i "s/if self.refilling.swap(true, Ordering::AcqRel) {/if true || self.refilling.swap(true, Ordering::AcqRel) {/" "$planted"
         grep -q "if true || self.refilling" "$planted" || { echo "explore: could not plant $plant" >&2; exit 2; } ;;
     inbox-owner)
-        planted=idempotent-core/src/store/postgres/sql.rs; cp "$planted" "$planted.orig"
+        planted=idempotent-core/src/store/postgres/batch_sql.rs; cp "$planted" "$planted.orig"
         sed -i "s/WHERE q.keep > 0 AND r.key = q.key AND r.state = 'P' AND r.owner = q.owner/WHERE q.keep > 0 AND r.key = q.key/" "$planted"
         grep -q "WHERE q.keep > 0 AND r.key = q.key$" "$planted" || { echo "explore: could not plant $plant" >&2; exit 2; } ;;
     commit-on-drop)

@@ -1,5 +1,5 @@
 //! A batch's transitions on PostgreSQL (`Store::acquire_many`, `commit_many`, `release_many`):
-//! one statement over arrays each (`sql.rs`), one row per item, each item taken as the one-key
+//! one statement over arrays each (`batch_sql.rs`), one row per item, each item taken as the one-key
 //! statement takes it. The acquire runs in a task of its own, as one call's does, so that a caller
 //! that gives up mid-statement leaves the task to release what landed.
 
@@ -101,7 +101,7 @@ impl PgStore {
             let leases: Vec<i64> = sent.clone().map(|item| millis(item.lease)).collect();
             let keeps: Vec<i64> = sent.clone().map(|item| millis(item.keep)).collect();
             let lapses: Vec<&str> = sent.map(|item| item.lapse.code()).collect();
-            let query = sqlx::query(&self.inner.sql.acquire_many)
+            let query = sqlx::query(&self.inner.sql.batch.acquire_many)
                 .bind(keys)
                 .bind(owners)
                 .bind(fingerprints)
@@ -171,7 +171,7 @@ impl PgStore {
         let fingerprints: Vec<Option<&str>> = requests.iter().map(|r| r.fingerprint).collect();
         let results: Vec<Option<&[u8]>> = requests.iter().map(|r| r.result).collect();
         let keeps: Vec<i64> = requests.iter().map(|r| millis(r.keep)).collect();
-        let query = sqlx::query(&self.inner.sql.commit_many)
+        let query = sqlx::query(&self.inner.sql.batch.commit_many)
             .bind(keys)
             .bind(owners)
             .bind(fences)
@@ -188,7 +188,7 @@ impl PgStore {
     pub(super) async fn release_many_inner(&self, releases: &[(&str, &str)]) -> Vec<Result<Transition, StoreError>> {
         let keys: Vec<String> = releases.iter().map(|r| stored(r.0).into_owned()).collect();
         let owners: Vec<&str> = releases.iter().map(|r| r.1).collect();
-        let query = sqlx::query(&self.inner.sql.remove_many).bind(keys).bind(owners);
+        let query = sqlx::query(&self.inner.sql.batch.remove_many).bind(keys).bind(owners);
         self.per_item("release", &self.inner.control, query, releases.len(), |row| {
             let get = |name: &str| row.try_get::<bool, _>(name).map_err(|e| pg_error("release", e));
             // Ours went, or the key was absent: done. A live row of someone else's: lost.

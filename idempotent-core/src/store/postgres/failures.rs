@@ -5,7 +5,7 @@
 //! repeated command knows itself.
 
 use super::batch::item_of;
-use super::sql::shown_state;
+use super::fragments::shown_state;
 use super::*;
 
 /// The statements, with the table's name in them.

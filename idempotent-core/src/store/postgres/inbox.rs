@@ -131,7 +131,7 @@ impl PgStore {
         let results: Vec<Option<&[u8]>> = completed.iter().map(|c| c.result.as_deref()).collect();
         let keeps: Vec<i64> = completed.iter().map(|c| millis(c.keep)).collect();
         within("commit", self.inner.timeout, async {
-            let rows = sqlx::query(&self.inner.sql.tx_commit_many)
+            let rows = sqlx::query(&self.inner.sql.batch.tx_commit_many)
                 .bind(keys)
                 .bind(owners)
                 .bind(fences)

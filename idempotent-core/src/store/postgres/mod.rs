@@ -23,10 +23,12 @@ use super::{
 use crate::error::{StoreError, StoreErrorKind};
 
 mod batch;
+mod batch_sql;
 mod builder;
 mod errors;
 mod failures;
 mod flights;
+mod fragments;
 mod inbox;
 mod listen;
 mod pools;
