@@ -501,7 +501,7 @@ async fn connect_is_bounded_by_its_timeout() {
 /// connection that completes between its look at the client's state and its subscription to the
 /// connect notification, and then waits forever: before the store worked around it, 3 of these
 /// 1,600 connects (4 at once, 8 connections each) timed out against a server on loopback, in each
-/// of two runs. The CI runs it failed were a fixture's connect and the crash test's child.
+/// of two runs, and a CI run failed on a test fixture's connect timing out this way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_never_misses_its_connection() {
     let server = RedisServer::start();
