@@ -12,7 +12,7 @@ cd "$root"
 low="${LOW:-200}"
 high="${HIGH:-1200}"
 paths=("$@")
-[ ${#paths[@]} -eq 0 ] && paths=(get evalsha naive-first naive-replay first replay conflict first-fenced memory-first)
+[ ${#paths[@]} -eq 0 ] && paths=(get evalsha naive-first naive-replay hand-replay first replay conflict first-fenced memory-first)
 command -v valgrind >/dev/null || { echo "instructions: valgrind is not installed" >&2; exit 1; }
 
 cargo build --release -q -p idempotent-bench
@@ -56,6 +56,8 @@ echo
 ratio first naive-first "first execution / naive first (SET NX+SET)"
 ratio replay get "replay / one bare command (GET)"
 ratio replay naive-replay "replay / naive replay (SET NX+GET)"
+ratio replay hand-replay "replay / hand replay (SET NX GET, decoded)"
+ratio hand-replay get "hand replay / one bare command (GET)"
 ratio conflict evalsha "conflict / one script call (EVALSHA floor)"
 ratio conflict get "conflict / one bare command (GET)"
 ratio first-fenced first "first, body reads its fence / first"

@@ -8,8 +8,9 @@
 //! Paths: ours (`first`, `replay`, `conflict`, `first-fenced`: a body that reads its fence;
 //! `memory-first`: a first execution on `MemoryStore`, the runtime's cost without a client's), the
 //! naive baseline (`naive-first`: `SET NX` then `SET`; `naive-replay`: `SET NX` then `GET`) and
-//! the floors (`get`: one bare command; `evalsha`: one script call of `return 1`), all through
-//! the same fred client.
+//! the floors (`get`: one bare command; `evalsha`: one script call of `return 1`; `hand-replay`:
+//! the least a replay in one command can cost, our acquire's `SET ... NX PX GET` and the stored
+//! result's decoding written by hand), all through the same fred client.
 
 use std::time::Duration;
 
@@ -25,6 +26,7 @@ pub const PATHS: &[&str] = &[
     "evalsha",
     "naive-first",
     "naive-replay",
+    "hand-replay",
     "first",
     "replay",
     "conflict",
@@ -55,6 +57,8 @@ pub fn run(path: &str, n: u64, url: &str) {
         for i in 0..64u64 {
             let _: R<Receipt> = idem.run(Call::new(format!("ins:replay:{i}")), || async move { Ok(receipt(i)) }).await;
             let _: () = client.set(format!("ins:naive:replay:{i}"), "{\"id\":1}", None, None, false).await.unwrap();
+            let stored = serde_json::to_string(&receipt(i)).unwrap();
+            let _: () = client.set(format!("ins:hand:replay:{i}"), stored, None, None, false).await.unwrap();
         }
         let held = AcquireRequest {
             key: "ins:held",
@@ -98,6 +102,18 @@ pub fn run(path: &str, n: u64, url: &str) {
                         .ok()
                         .flatten();
                     client.get::<Option<String>, _>(&key).await.is_ok()
+                }
+                // The least a replay in one command can cost through this client: our acquire's own
+                // `SET key <pending record> NX PX <lease> GET` (the same seven arguments), and the
+                // stored result decoded as the type, with nothing else around it.
+                "hand-replay" => {
+                    let key = format!("ins:hand:replay:{}", i % 64);
+                    let pending = "P|0|0123456789abcdefghijkl||||";
+                    let got: Option<String> = client
+                        .set(&key, pending, Some(Expiration::PX(30_000)), Some(SetOptions::NX), true)
+                        .await
+                        .unwrap();
+                    got.is_some_and(|json| serde_json::from_str::<Receipt>(&json).is_ok())
                 }
                 "first" => {
                     let key = format!("ins:first:{run_id}:{i}");
