@@ -14,11 +14,34 @@ use std::time::Duration;
 use idempotency::store::redis::CommitPath;
 use idempotency::{Call, CallContext, Error, Idempotency, OnConflict, RedisStore};
 use support::proxy::{CutAt, Direction, Proxy};
-use support::{counter, eventually, ms, AppError, Monitor, RedisServer, R};
+use support::{counter, eventually, ms, wait_for, AppError, Monitor, RedisServer, R};
 use tokio::time::Instant;
 
 async fn store(url: &str, timeout: Duration) -> RedisStore {
     RedisStore::builder(url).timeout(timeout).connect().await.expect("connect")
+}
+
+/// The monitor these tests count commands with stops when it is dropped. Left open, the server
+/// writes every later command to it and its reader keeps every line: the benchmark, whose
+/// round-trip checks start one per path, grew by about 1 KB per command and ran its timed cases
+/// with a dozen monitors attached.
+#[test]
+fn a_dropped_monitor_stops_monitoring() {
+    let server = RedisServer::start();
+    let monitors = || {
+        let clients = server.command(&["CLIENT", "LIST"]).expect("CLIENT LIST");
+        clients
+            .lines()
+            .filter(|c| c.split(' ').any(|f| f.strip_prefix("flags=").is_some_and(|v| v.contains('O'))))
+            .count()
+    };
+    let monitor = Monitor::start(server.port());
+    assert_eq!(monitors(), 1, "the monitor is not listed as one");
+    drop(monitor);
+    wait_for(Duration::from_secs(5), "the dropped monitor's connection to close", || match monitors() {
+        0 => Ok(()),
+        n => Err(format!("{n} monitor(s) still attached")),
+    });
 }
 
 /// 100 ms each way on every command: calls stay correct (one execution, replays, conflicts, a

@@ -388,9 +388,22 @@ pub fn signal_pid(pid: u32, sig: libc::c_int) {
 
 /// Watches a server with `MONITOR`: every command it runs, one line each, as Redis prints them
 /// (`+1764… [0 127.0.0.1:5000] "SET" "key" …`; a command run by a script shows `[0 lua]`).
+///
+/// Dropping it closes its connection, which ends the server's monitoring and the reading thread:
+/// a monitor left open makes the server write every later command to it, and its thread keep
+/// each line (the benchmark, whose round-trip checks start one per path, grew by about 1 KB per
+/// command and ran every later case with a dozen monitors attached).
 pub struct Monitor {
     lines: Arc<Mutex<Vec<String>>>,
     addr: (String, u16),
+    /// The monitoring connection, shut down on drop.
+    connection: TcpStream,
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        let _ = self.connection.shutdown(std::net::Shutdown::Both);
+    }
 }
 
 impl Monitor {
@@ -407,6 +420,7 @@ impl Monitor {
         let mut ok = String::new();
         reader.read_line(&mut ok).expect("MONITOR reply");
         assert!(ok.starts_with("+OK"), "MONITOR replied {ok:?}");
+        let connection = reader.get_ref().try_clone().expect("a handle on the MONITOR connection");
         let lines = Arc::new(Mutex::new(Vec::new()));
         let sink = lines.clone();
         std::thread::spawn(move || {
@@ -415,7 +429,7 @@ impl Monitor {
                 sink.lock().unwrap().push(line);
             }
         });
-        Monitor { lines, addr: (host.to_owned(), port) }
+        Monitor { lines, addr: (host.to_owned(), port), connection }
     }
 
     /// Every line seen so far, once the server has shown every command sent before this call:
