@@ -44,10 +44,9 @@ count() {
   grep -o 'Collected : [0-9]*' "$work/err.$path.$n" | awk '{print $3}'
 }
 
-# One call's instructions: the median over ROUNDS rounds of the differenced count. A round's count
-# can shift as a whole by a few thousand instructions a call, with when the server's replies come
-# in against the client's polls (valgrind slows the client fifty times, not the server), so one
-# round alone is not to be trusted; the spread of the rounds is printed beside the median.
+# One call's instructions: the median over ROUNDS rounds of the differenced count, with the spread
+# of the rounds printed beside it, so that a count that shifts between runs (as the first path's
+# did before the uncounted run above) shows instead of passing for a measurement.
 declare -A per
 printf '%-14s %14s %18s\n' path instructions/call "rounds (min-max)"
 for path in "${paths[@]}"; do
