@@ -18,8 +18,8 @@ use fred::types::{CustomCommand, Expiration, SetOptions};
 use tokio::sync::OnceCell;
 
 use super::{
-    join_all, within, AcquireOutcome, AcquireRequest, CommitRequest, FailRequest, Forgotten, Inspected, Lapse, Lease,
-    PurgeHandler, Resolution, Resolved, ScanPage, Store, StoreFuture, Transition, Watcher, Within,
+    boxed_in_place, join_all, within, AcquireOutcome, AcquireRequest, CommitRequest, FailRequest, Forgotten, Inspected,
+    Lapse, Lease, PurgeHandler, Resolution, Resolved, ScanPage, Store, StoreFuture, Transition, Watcher, Within,
 };
 use crate::error::{StoreError, StoreErrorKind};
 use crate::telemetry::logged_key;
@@ -226,23 +226,27 @@ impl RedisStore {
         let pending = record::pending(req.owner, req.fingerprint);
         let client = self.client_for(req.key);
         let record_key = self.record_key(req.key);
-        // Boxed at once: fred's command futures are about 5 KB, and every layer holding one
-        // inline would copy it. A fred command is sent when its future is first polled: `join!`
-        // polls them in this order, SET, TIME, both before waiting for any reply.
-        let set = Box::pin(client.set::<Value, _, _>(
-            record_key.as_str(),
-            pending,
-            Some(Expiration::PX(millis(req.lease))),
-            Some(SetOptions::NX),
-            true,
-        ));
+        // Boxed at once, and built in the box: fred's command futures are about 7 KB, and every
+        // layer holding one inline, or a move into the box, would copy it (the move into the box
+        // was 650 of the 31,300 instructions of a replay, as callgrind counted them). A fred
+        // command is sent when its future is first polled: `join!` polls them in this order,
+        // SET, TIME, both before waiting for any reply.
+        let set = boxed_in_place(|| {
+            client.set::<Value, _, _>(
+                record_key.as_str(),
+                pending,
+                Some(Expiration::PX(millis(req.lease))),
+                Some(SetOptions::NX),
+                true,
+            )
+        });
         // On a cluster the `TIME` goes behind every plain acquire: fred 10.1 can leave a lone
         // `SET` unanswered after following an `ASK` during a slot migration (the acquire times
         // out again and again until the migration ends; the cluster suite's
         // `slot_migrated_mid_run_follows_ask_and_moved` failed 3 runs of 8 without it, none of 5
         // with it). Standalone, Sentinel and Valkey servers send no `ASK`.
         let stamp = req.fence_now || self.inner.clustered;
-        let time = stamp.then(|| Box::pin(server_time(client, &record_key)));
+        let time = stamp.then(|| boxed_in_place(|| server_time(client, &record_key)));
         let replies = within("acquire", self.inner.timeout, async {
             let (set, time) = match time {
                 Some(time) => {
@@ -343,7 +347,7 @@ impl RedisStore {
             Value::from_static_str("PX"),
             millis(req.keep).into(),
         ];
-        let reply = Box::pin(self.client_for(req.key).custom::<Value, Value>(set, args));
+        let reply = boxed_in_place(|| self.client_for(req.key).custom::<Value, Value>(set, args));
         self.compare_and_set_reply(within("commit", self.inner.timeout, async { Ok(reply.await) }).await?)
     }
 
@@ -377,7 +381,7 @@ impl RedisStore {
         let slot = fred::util::redis_keyslot(self.record_key(key).as_bytes());
         let wait = CustomCommand::new_static("WAIT", fred::types::ClusterHash::Custom(slot), false);
         let args = vec![acks.replicas.to_string(), millis(acks.timeout).to_string()];
-        let wait = Box::pin(self.client_for(key).custom(wait, args));
+        let wait = boxed_in_place(|| self.client_for(key).custom(wait, args));
         let got: i64 = bounded(op, acks.timeout + self.inner.timeout, wait).await?;
         if got < i64::from(acks.replicas) {
             return Err(StoreError::new(
@@ -449,7 +453,7 @@ impl RedisStore {
             loop {
                 let client = store.client_for(&key);
                 let lua = scripts::RELEASE.lua().cloned().unwrap_or_default();
-                let eval = Box::pin(client.eval::<Value, _, _, _>(lua, vec![store.record_key(&key)], vec![owner.as_str()]));
+                let eval = boxed_in_place(|| client.eval::<Value, _, _, _>(lua, vec![store.record_key(&key)], vec![owner.as_str()]));
                 let outcome = match eval.await {
                     Ok(reply) => replies::transition("release", reply),
                     Err(e) => Err(store_error("release", e)),
