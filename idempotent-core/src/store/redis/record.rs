@@ -12,7 +12,14 @@ use crate::store::{AcquireOutcome, RecordState, RecordView};
 /// written, is. A commit passes it back to its script, which takes the fast path when the key
 /// still holds exactly this string (held by this owner, unwatched).
 pub(crate) fn pending(owner: &str, fingerprint: Option<&str>) -> String {
-    ["P|0|", owner, "|", fingerprint.unwrap_or(""), "|||"].concat()
+    // Pushed part by part into a string of the right size: on every call's path, where
+    // `concat` went through the generic `join` (about 80 instructions more, as callgrind counts).
+    let fingerprint = fingerprint.unwrap_or("");
+    let mut out = String::with_capacity(owner.len() + fingerprint.len() + 8);
+    for part in ["P|0|", owner, "|", fingerprint, "|||"] {
+        out.push_str(part);
+    }
+    out
 }
 
 /// The COMPLETED record: `C|fence|owner|fingerprint|stored_ms||result`. `fence` is `0` when the
