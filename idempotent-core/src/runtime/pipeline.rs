@@ -46,14 +46,14 @@ impl Idempotency {
     /// ([`IdempotencyBuilder::commit_deadline`](crate::IdempotencyBuilder::commit_deadline)). The exception: a store that requires replica
     /// acknowledgements and did not get them fails the call with [`Error::Unconfirmed`]; the
     /// record stays on the primary, so a retry replays it unless a failover lost it.
-    pub async fn run<T, E, F, Fut>(&self, call: Call, body: F) -> Result<T, E>
+    pub fn run<T, E, F, Fut>(&self, call: Call, body: F) -> impl Future<Output = Result<T, E>> + use<'_, T, E, F, Fut>
     where
         T: Serialize + DeserializeOwned,
         E: From<Error>,
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        self.run_with_outcome(call, body).await.map(|(value, _)| value)
+        ValueOnly { fut: self.run_with_outcome(call, body) }
     }
 
     /// Runs `body` like [`run`](Self::run), in a task of its own, so that dropping the call (an
@@ -121,7 +121,11 @@ impl Idempotency {
     /// assert!(outcome.replayed && outcome.fence.is_none());
     /// # }
     /// ```
-    pub async fn run_with_outcome<T, E, F, Fut>(&self, call: Call, body: F) -> Result<(T, Outcome), E>
+    pub fn run_with_outcome<T, E, F, Fut>(
+        &self,
+        call: Call,
+        body: F,
+    ) -> impl Future<Output = Result<(T, Outcome), E>> + use<'_, T, E, F, Fut>
     where
         T: Serialize + DeserializeOwned,
         E: From<Error>,
@@ -132,7 +136,7 @@ impl Idempotency {
             let fut = body();
             async move { fut.await.map(|value| (value, ())) }
         };
-        self.run_inner(call, body, CommitWith::<NoCommit>::Store, named::<E>).await
+        self.run_inner(call, body, CommitWith::<NoCommit>::Store, named::<E>)
     }
 
     /// Runs `body` like [`run`](Self::run), for a store that writes the completed record
@@ -146,7 +150,12 @@ impl Idempotency {
     /// failure, the database gone), nothing of the body stayed either: the key is released and
     /// the call fails with [`Error::Store`]. An `Err` or a panic of the body drops `X` (rolling
     /// its writes back) and releases the key, as in `run`.
-    pub async fn run_committing<T, E, X, F, Fut, C, CFut>(&self, call: Call, body: F, commit: C) -> Result<T, E>
+    pub fn run_committing<T, E, X, F, Fut, C, CFut>(
+        &self,
+        call: Call,
+        body: F,
+        commit: C,
+    ) -> impl Future<Output = Result<T, E>> + use<'_, T, E, X, F, Fut, C, CFut>
     where
         T: Serialize + DeserializeOwned,
         E: From<Error>,
@@ -155,7 +164,7 @@ impl Idempotency {
         C: FnOnce(X, Completed) -> CFut,
         CFut: Future<Output = Result<Transition, StoreError>>,
     {
-        self.run_inner(call, body, CommitWith::Custom(commit), named::<E>).await.map(|(value, _)| value)
+        ValueOnly { fut: self.run_inner(call, body, CommitWith::Custom(commit), named::<E>) }
     }
 
     /// Every run: the call's span around it, its outcome recorded in the span and the metrics.
@@ -194,7 +203,14 @@ impl Idempotency {
                 let span = call_span!(tracing::Level::INFO, call);
                 shown_key(&span, &go.key, &mut track);
                 let guarded = self.guarded(&call, go, body, commit, describe, &mut track);
-                let result = tracing::Instrument::instrument(guarded, span.clone()).await;
+                // A span nothing records is not entered at every poll: with tracing's `log`
+                // feature on (sqlx turns it on), each entry, exit and drop of even a disabled
+                // span asks the `log` crate whether to write a line (nine times a call).
+                let result = if span.is_disabled() {
+                    guarded.await
+                } else {
+                    tracing::Instrument::instrument(guarded, span.clone()).await
+                };
                 (span, result)
             }
             Err(e) => (call_span!(tracing::Level::INFO, call), Err(Fail::Lib(e))),
@@ -501,6 +517,25 @@ impl<E> From<Error> for Fail<E> {
 pub(super) fn panicked(call: &Call) {
     tracing::Span::current().record("outcome", CallOutcome::Panicked.as_str());
     telemetry::record::call(CallOutcome::Panicked, telemetry::scope_label(call.scope_str()));
+}
+
+pin_project_lite::pin_project! {
+    /// A call's answer without its [`Outcome`]. `run` returns this around the call's future
+    /// rather than being an `async fn` that awaits it: the `async fn`'s state would hold a
+    /// second copy of the call's whole future (2.8 KB), copied into it at the first poll, on
+    /// every call.
+    struct ValueOnly<F> {
+        #[pin]
+        fut: F,
+    }
+}
+
+impl<T, E, F: Future<Output = Result<(T, Outcome), E>>> Future for ValueOnly<F> {
+    type Output = Result<T, E>;
+
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
+        self.project().fut.poll(cx).map(|answer| answer.map(|(value, _)| value))
+    }
 }
 
 /// A call's span: `idempotent.call` at `$level`, with the fields a call fills in as it goes.
