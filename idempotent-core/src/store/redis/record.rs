@@ -130,13 +130,26 @@ pub(crate) fn parse(bytes: &[u8]) -> Result<Record<'_>, &'static str> {
 /// number past `u64`), read digit by digit: on every replay's path, where `str::parse` cost
 /// ten times as much.
 fn int(digits: &[u8]) -> Option<u64> {
-    if digits.is_empty() {
+    // Up to 19 digits cannot pass `u64::MAX` (20 digits): no check per digit for them, which
+    // cost 24 instructions a digit, 300 for a stored moment's 13, on every replay.
+    const SAFE: usize = 19;
+    if digits.is_empty() || digits.len() > SAFE + 1 {
         return None;
     }
-    digits.iter().try_fold(0u64, |n, &d| {
-        let digit = d.checked_sub(b'0').filter(|v| *v <= 9)?;
-        n.checked_mul(10)?.checked_add(u64::from(digit))
-    })
+    let (head, last) = digits.split_at(digits.len().min(SAFE));
+    let mut n = 0u64;
+    for &d in head {
+        let digit = d.wrapping_sub(b'0');
+        if digit > 9 {
+            return None;
+        }
+        n = n * 10 + u64::from(digit);
+    }
+    match last {
+        [] => Some(n),
+        [d] if d.is_ascii_digit() => n.checked_mul(10)?.checked_add(u64::from(d - b'0')),
+        _ => None,
+    }
 }
 
 fn text(field: &[u8]) -> Option<String> {
@@ -312,7 +325,20 @@ mod tests {
         assert_eq!(int(b"0"), Some(0));
         assert_eq!(int(b"1764505474123456"), Some(1_764_505_474_123_456));
         assert_eq!(int(b"18446744073709551615"), Some(u64::MAX));
-        for bad in [&b""[..], b"18446744073709551616", b"-1", b"+1", b"1 ", b"1a", b"\xff"] {
+        assert_eq!(int(b"9999999999999999999"), Some(9_999_999_999_999_999_999));
+        assert_eq!(int(b"00000000000000000001"), Some(1));
+        for bad in [
+            &b""[..],
+            b"18446744073709551616",
+            b"99999999999999999999",
+            b"1844674407370955161a",
+            b"184467440737095516150",
+            b"-1",
+            b"+1",
+            b"1 ",
+            b"1a",
+            b"\xff",
+        ] {
             assert_eq!(int(bad), None, "{:?}", String::from_utf8_lossy(bad));
         }
     }
