@@ -76,6 +76,7 @@ impl<T> std::fmt::Debug for StoreFuture<'_, T> {
 /// The future `make` returns, built in the box that holds it rather than built and then moved
 /// there: a client's command future can be several kilobytes (fred's `SET` is 6.8 KB), and the
 /// move is a copy of all of it on every call.
+#[cfg(feature = "redis")]
 pub(crate) fn boxed_in_place<F: Future>(make: impl FnOnce() -> F) -> Pin<Box<F>> {
     let mut slot = Box::<F>::new_uninit();
     slot.write(make());
@@ -83,7 +84,7 @@ pub(crate) fn boxed_in_place<F: Future>(make: impl FnOnce() -> F) -> Pin<Box<F>>
     Box::into_pin(unsafe { slot.assume_init() })
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "redis"))]
 mod tests {
     use super::*;
 

@@ -45,6 +45,7 @@ pub(crate) use within::{within, Within};
 pub use background::MAX_BACKGROUND;
 pub(crate) use failures::error_text;
 pub use failures::{FailRequest, Lapse, Resolution, Resolved, LAPSED, MAX_ERROR_BYTES, RESOLVED_RELEASED};
+#[cfg(feature = "redis")]
 pub(crate) use future::boxed_in_place;
 pub use future::{BoxFuture, StoreFuture};
 pub(crate) use join::{join_all, one_by_one};
