@@ -10,15 +10,32 @@ use crate::hash::fnv1a;
 /// The Redis key of the record for `key` under `prefix` (built by hand: it is on every call's
 /// path, twice).
 pub(crate) fn record_key(prefix: &str, key: &str) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let hash = fnv1a(key.as_bytes());
     let mut out = String::with_capacity(prefix.len() + key.len() + 12);
     out.push_str(prefix);
     out.push_str(":{");
-    out.extend((0..8).rev().map(|nibble| char::from(HEX[(hash >> (nibble * 4)) as usize & 0xf])));
+    out.extend(tag(key).iter().map(|&digit| char::from(digit)));
     out.push_str("}:");
     out.push_str(key);
     out
+}
+
+/// [`record_key`], written at the end of `out` (a buffer several of a command's arguments share,
+/// see `args.rs`).
+pub(crate) fn push_record_key(out: &mut Vec<u8>, prefix: &str, key: &str) {
+    for part in [prefix.as_bytes(), b":{", &tag(key), b"}:", key.as_bytes()] {
+        out.extend_from_slice(part);
+    }
+}
+
+/// The hash tag of `key`: eight lowercase hex digits of its hash.
+fn tag(key: &str) -> [u8; 8] {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let hash = fnv1a(key.as_bytes());
+    let mut tag = [0u8; 8];
+    for (nibble, digit) in tag.iter_mut().rev().enumerate() {
+        *digit = HEX[(hash >> (nibble * 4)) as usize & 0xf];
+    }
+    tag
 }
 
 /// The full key of the record at `record_key` under `prefix`, if it is one of the store's keys.
@@ -89,6 +106,9 @@ mod tests {
     #[test]
     fn record_keys_read_back_and_scan_patterns_escape() {
         let rk = record_key("idem", "orders:{7}:*");
+        let mut pushed = b"before".to_vec();
+        push_record_key(&mut pushed, "idem", "orders:{7}:*");
+        assert_eq!(pushed, [b"before", rk.as_bytes()].concat());
         assert_eq!(full_key_of("idem", &rk), Some("orders:{7}:*"));
         assert_eq!(full_key_of("idem", "idem:purged"), None);
         assert_eq!(full_key_of("other", &rk), None);

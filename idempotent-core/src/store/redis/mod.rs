@@ -24,6 +24,7 @@ use super::{
 use crate::error::{StoreError, StoreErrorKind};
 use crate::telemetry::logged_key;
 
+mod args;
 mod batch;
 mod builder;
 mod keys;
@@ -179,9 +180,20 @@ impl RedisStore {
         key: &str,
         args: impl Fn() -> Vec<Value>,
     ) -> Result<Value, StoreError> {
-        let client = self.client_for(key);
-        let record_key = self.record_key(key);
-        self.bounded(op, scripts::run(client, script, || (vec![record_key.as_str().into()], args()))).await
+        let record_key = Key::from(self.record_key(key));
+        self.script_at(op, script, self.client_for(key), &record_key, args).await
+    }
+
+    /// [`script`](Self::script) on `client`, for the record at `record_key`.
+    async fn script_at(
+        &self,
+        op: &str,
+        script: &fred::types::scripts::Script,
+        client: &Client,
+        record_key: &Key,
+        args: impl Fn() -> Vec<Value>,
+    ) -> Result<Value, StoreError> {
+        self.bounded(op, scripts::run(client, script, || (vec![record_key.clone()], args()))).await
     }
 
     async fn acquire_inner(&self, req: AcquireRequest<'_>) -> Result<AcquireOutcome, StoreError> {
@@ -223,9 +235,13 @@ impl RedisStore {
     /// after the `SET` ran, so after any earlier holder's record was gone), both sent at once:
     /// one round trip.
     async fn acquire_plain(&self, req: &AcquireRequest<'_>) -> Result<AcquireOutcome, StoreError> {
-        let pending = record::pending(req.owner, req.fingerprint);
+        let mut buf = Vec::with_capacity(self.inner.prefix.len() + req.key.len() + req.owner.len() + 80);
+        keys::push_record_key(&mut buf, &self.inner.prefix, req.key);
+        let key_end = buf.len();
+        record::push_pending(&mut buf, req.owner, req.fingerprint);
+        let end = buf.len();
+        let [record_key, pending] = args::split(buf, [key_end, end]);
         let client = self.client_for(req.key);
-        let record_key = self.record_key(req.key);
         // Boxed at once, and built in the box: fred's command futures are about 7 KB, and every
         // layer holding one inline, or a move into the box, would copy it (the move into the box
         // was 650 of the 31,300 instructions of a replay, as callgrind counted them). A fred
@@ -233,8 +249,8 @@ impl RedisStore {
         // SET, TIME, both before waiting for any reply.
         let set = boxed_in_place(|| {
             client.set::<Value, _, _>(
-                record_key.as_str(),
-                pending,
+                Key::from(record_key.clone()),
+                Value::Bytes(pending),
                 Some(Expiration::PX(millis(req.lease))),
                 Some(SetOptions::NX),
                 true,
@@ -311,17 +327,16 @@ impl RedisStore {
     async fn commit_inner(&self, req: CommitRequest<'_>) -> Result<Transition, StoreError> {
         // What an acquire by this owner wrote: the compare-and-set and the script's fast path
         // compare it whole instead of decoding the record.
-        let pending = record::pending(req.owner, req.fingerprint);
-        let completed =
-            bytes::Bytes::from(record::completed(req.fence, req.owner, req.fingerprint, unix_ms_now(), req.result));
+        let parts = CommitArgs::new(&self.inner.prefix, &req, unix_ms_now());
         let compare_and_set =
             !req.keep.is_zero() && !req.lease_in_record && self.inner.compare_and_set.load(Ordering::Relaxed);
-        if compare_and_set && self.commit_compare_and_set(&req, &pending, &completed).await? {
+        if compare_and_set && self.commit_compare_and_set(&req, &parts).await? {
             self.replicated("commit", req.key).await?;
             return Ok(Transition::Done);
         }
-        let args = || commit_script_args(&req, &pending, completed.clone()).into();
-        let reply = self.script("commit", &scripts::COMMIT, req.key, args).await?;
+        let args = || commit_script_args(req.keep, &parts).into();
+        let client = self.client_for(req.key);
+        let reply = self.script_at("commit", &scripts::COMMIT, client, &Key::from(parts.key.clone()), args).await?;
         let outcome = replies::transition("commit", reply)?;
         if outcome == Transition::Done {
             self.replicated("commit", req.key).await?;
@@ -332,18 +347,13 @@ impl RedisStore {
     /// `SET key <completed> IFEQ <pending> PX keep`: true when it set the record (the key held
     /// exactly this owner's pending record), false when the script must decide (anything else
     /// at the key, or a server that turned out not to take `IFEQ`).
-    async fn commit_compare_and_set(
-        &self,
-        req: &CommitRequest<'_>,
-        pending: &str,
-        completed: &bytes::Bytes,
-    ) -> Result<bool, StoreError> {
+    async fn commit_compare_and_set(&self, req: &CommitRequest<'_>, parts: &CommitArgs) -> Result<bool, StoreError> {
         let set = CustomCommand::new_static("SET", fred::types::ClusterHash::FirstKey, false);
         let args: Vec<Value> = vec![
-            self.record_key(req.key).into(),
-            Value::Bytes(completed.clone()),
+            Value::Bytes(parts.key.clone()),
+            Value::Bytes(parts.completed.clone()),
             Value::from_static_str("IFEQ"),
-            pending.into(),
+            Value::Bytes(parts.pending.clone()),
             Value::from_static_str("PX"),
             millis(req.keep).into(),
         ];
@@ -518,8 +528,8 @@ where
 }
 
 /// The server's clock in microseconds (`TIME`), from the node that holds `record_key`.
-async fn server_time(client: &Client, record_key: &str) -> Result<u64, Error> {
-    let slot = fred::util::redis_keyslot(record_key.as_bytes());
+async fn server_time(client: &Client, record_key: &[u8]) -> Result<u64, Error> {
+    let slot = fred::util::redis_keyslot(record_key);
     let time = CustomCommand::new_static("TIME", fred::types::ClusterHash::Custom(slot), false);
     let reply: Vec<u64> = client.custom(time, Vec::<String>::new()).await?;
     match reply[..] {
@@ -591,14 +601,44 @@ fn plain_acquire_reply(set: Value, owner: &str, now_us: u64) -> Result<Option<Ac
 
 /// The commit script's arguments for `req` (`lua/commit.lua`): owner, keep, fence, the pending
 /// record it may find, the completed record to write.
-fn commit_script_args(req: &CommitRequest<'_>, pending: &str, completed: bytes::Bytes) -> [Value; 5] {
+fn commit_script_args(keep: Duration, parts: &CommitArgs) -> [Value; 5] {
     [
-        req.owner.into(),
-        millis(req.keep).into(),
-        itoa::Buffer::new().format(req.fence).into(),
-        pending.into(),
-        Value::Bytes(completed),
+        Value::Bytes(parts.owner.clone()),
+        millis(keep).into(),
+        Value::Bytes(parts.fence.clone()),
+        Value::Bytes(parts.pending.clone()),
+        Value::Bytes(parts.completed.clone()),
     ]
+}
+
+/// A commit's arguments, slices of one buffer (see `args.rs`): the record's key, the completed
+/// record, the pending record this owner's acquire wrote (what `SET ... IFEQ` and the script's
+/// fast path compare), the owner and the fence.
+pub(crate) struct CommitArgs {
+    key: bytes::Bytes,
+    completed: bytes::Bytes,
+    pending: bytes::Bytes,
+    owner: bytes::Bytes,
+    fence: bytes::Bytes,
+}
+
+impl CommitArgs {
+    fn new(prefix: &str, req: &CommitRequest<'_>, stored_ms: u64) -> CommitArgs {
+        let result = req.result.map_or(0, <[u8]>::len);
+        let mut buf = Vec::with_capacity(prefix.len() + req.key.len() + 3 * req.owner.len() + result + 120);
+        keys::push_record_key(&mut buf, prefix, req.key);
+        let key = buf.len();
+        record::push_completed(&mut buf, req.fence, req.owner, req.fingerprint, stored_ms, req.result);
+        let completed = buf.len();
+        record::push_pending(&mut buf, req.owner, req.fingerprint);
+        let pending = buf.len();
+        buf.extend_from_slice(req.owner.as_bytes());
+        let owner = buf.len();
+        buf.extend_from_slice(itoa::Buffer::new().format(req.fence).as_bytes());
+        let fence = buf.len();
+        let [key, completed, pending, owner, fence] = args::split(buf, [key, completed, pending, owner, fence]);
+        CommitArgs { key, completed, pending, owner, fence }
+    }
 }
 
 /// `"1"` or `"0"`, as the scripts take a flag (a static string: no copy per argument).

@@ -12,14 +12,18 @@ use crate::store::{AcquireOutcome, RecordState, RecordView};
 /// written, is. A commit passes it back to its script, which takes the fast path when the key
 /// still holds exactly this string (held by this owner, unwatched).
 pub(crate) fn pending(owner: &str, fingerprint: Option<&str>) -> String {
-    // Pushed part by part into a string of the right size: on every call's path, where
-    // `concat` went through the generic `join` (about 80 instructions more, as callgrind counts).
-    let fingerprint = fingerprint.unwrap_or("");
-    let mut out = String::with_capacity(owner.len() + fingerprint.len() + 8);
-    for part in ["P|0|", owner, "|", fingerprint, "|||"] {
-        out.push_str(part);
+    let mut out = Vec::with_capacity(owner.len() + fingerprint.map_or(0, str::len) + 8);
+    push_pending(&mut out, owner, fingerprint);
+    // Pieces of `&str` and ASCII: always UTF-8.
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// [`pending`], written at the end of `out` (a buffer several of a command's arguments share,
+/// see `args.rs`).
+pub(crate) fn push_pending(out: &mut Vec<u8>, owner: &str, fingerprint: Option<&str>) {
+    for part in ["P|0|", owner, "|", fingerprint.unwrap_or(""), "|||"] {
+        out.extend_from_slice(part.as_bytes());
     }
-    out
 }
 
 /// The COMPLETED record: `C|fence|owner|fingerprint|stored_ms||result`. `fence` is `0` when the
@@ -35,8 +39,22 @@ pub(crate) fn completed(
     stored_ms: u64,
     result: Option<&[u8]>,
 ) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 + owner.len() + result.map_or(0, <[u8]>::len));
+    push_completed(&mut out, fence, owner, fingerprint, stored_ms, result);
+    out
+}
+
+/// [`completed`], written at the end of `out`.
+pub(crate) fn push_completed(
+    out: &mut Vec<u8>,
+    fence: u64,
+    owner: &str,
+    fingerprint: Option<&str>,
+    stored_ms: u64,
+    result: Option<&[u8]>,
+) {
     let (mut fence_digits, mut ms_digits) = (itoa::Buffer::new(), itoa::Buffer::new());
-    [
+    for part in [
         b"C|",
         fence_digits.format(fence).as_bytes(),
         b"|",
@@ -47,8 +65,9 @@ pub(crate) fn completed(
         ms_digits.format(stored_ms).as_bytes(),
         b"||",
         result.unwrap_or_default(),
-    ]
-    .concat()
+    ] {
+        out.extend_from_slice(part);
+    }
 }
 
 /// A record's fields, borrowed from its bytes ('' for empty ones).
