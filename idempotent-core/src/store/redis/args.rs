@@ -5,8 +5,8 @@
 //! a new buffer, and a `String` or `Vec` is moved into one that the first share turns into a
 //! shared buffer, an allocation each. Written into one buffer and handed to fred as slices of it,
 //! the arguments of a command cost one allocation and one share together, and each slice a
-//! reference count. A commit's five string arguments given as `&str` cost about 800 instructions
-//! each more than as slices, as callgrind counted them (`bash scripts/instructions.sh first`).
+//! reference count: a first execution's instructions went from 66,995 to 63,607 with the acquire's
+//! and the commit's arguments given this way (`bash scripts/instructions.sh first`).
 
 use bytes::Bytes;
 
