@@ -10,13 +10,10 @@ use crate::hash::fnv1a;
 /// The Redis key of the record for `key` under `prefix` (built by hand: it is on every call's
 /// path, twice).
 pub(crate) fn record_key(prefix: &str, key: &str) -> String {
-    let mut out = String::with_capacity(prefix.len() + key.len() + 12);
-    out.push_str(prefix);
-    out.push_str(":{");
-    out.extend(tag(key).iter().map(|&digit| char::from(digit)));
-    out.push_str("}:");
-    out.push_str(key);
-    out
+    let mut out = Vec::with_capacity(prefix.len() + key.len() + 12);
+    push_record_key(&mut out, prefix, key);
+    // Pieces of `&str` and ASCII hex digits: always UTF-8.
+    String::from_utf8(out).unwrap_or_default()
 }
 
 /// [`record_key`], written at the end of `out` (a buffer several of a command's arguments share,

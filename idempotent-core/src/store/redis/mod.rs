@@ -614,7 +614,7 @@ fn commit_script_args(keep: Duration, parts: &CommitArgs) -> [Value; 5] {
 /// A commit's arguments, slices of one buffer (see `args.rs`): the record's key, the completed
 /// record, the pending record this owner's acquire wrote (what `SET ... IFEQ` and the script's
 /// fast path compare), the owner and the fence.
-pub(crate) struct CommitArgs {
+struct CommitArgs {
     key: bytes::Bytes,
     completed: bytes::Bytes,
     pending: bytes::Bytes,
