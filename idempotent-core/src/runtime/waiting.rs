@@ -73,7 +73,9 @@ impl Idempotency {
                     return Err(Error::Store { key: key.to_owned(), source });
                 }
             };
-            let answered = sent.elapsed();
+            // One clock read serves the histogram, the wait and the lease's check below.
+            let answered_at = Instant::now();
+            let answered = answered_at - sent;
             telemetry::record::acquire(answered);
             tracing::debug!(
                 found = found.name(),
@@ -81,7 +83,7 @@ impl Idempotency {
                 "idempotency acquire answered"
             );
             if track.attempts > 1 {
-                track.waited = Instant::now() - started;
+                track.waited = answered_at - started;
             }
             match found {
                 AcquireOutcome::Acquired { fence, attempt } => {
@@ -89,7 +91,7 @@ impl Idempotency {
                     // process): another caller may hold the key by now. The body must not start;
                     // the key goes back, owner-checked, in case it is still this owner's.
                     let margin = crate::watchdog::safety_margin(lease);
-                    if Instant::now() + margin >= sent + lease {
+                    if answered_at + margin >= sent + lease {
                         tracing::warn!(
                             key = %telemetry::logged_key(key),
                             took_ms = answered.as_millis() as u64,

@@ -325,11 +325,12 @@ impl RedisStore {
     }
 
     async fn commit_inner(&self, req: CommitRequest<'_>) -> Result<Transition, StoreError> {
-        // What an acquire by this owner wrote: the compare-and-set and the script's fast path
-        // compare it whole instead of decoding the record.
-        let parts = CommitArgs::new(&self.inner.prefix, &req, unix_ms_now());
+        // What an acquire by this owner wrote: the compare-and-set compares it whole (and the
+        // script's fast path, which builds it from the completed record) instead of decoding
+        // the record.
         let compare_and_set =
             !req.keep.is_zero() && !req.lease_in_record && self.inner.compare_and_set.load(Ordering::Relaxed);
+        let parts = CommitArgs::new(&self.inner.prefix, &req, unix_ms_now(), compare_and_set);
         if compare_and_set && self.commit_compare_and_set(&req, &parts).await? {
             self.replicated("commit", req.key).await?;
             return Ok(Transition::Done);
@@ -599,45 +600,38 @@ fn plain_acquire_reply(set: Value, owner: &str, now_us: u64) -> Result<Option<Ac
     }
 }
 
-/// The commit script's arguments for `req` (`lua/commit.lua`): owner, keep, fence, the pending
-/// record it may find, the completed record to write.
-fn commit_script_args(keep: Duration, parts: &CommitArgs) -> [Value; 5] {
-    [
-        Value::Bytes(parts.owner.clone()),
-        millis(keep).into(),
-        Value::Bytes(parts.fence.clone()),
-        Value::Bytes(parts.pending.clone()),
-        Value::Bytes(parts.completed.clone()),
-    ]
+/// How many arguments the commit script takes per key.
+const COMMIT_ARGS: usize = 2;
+
+/// The commit script's arguments (`lua/commit.lua`): keep, and the completed record to write, in
+/// which the script reads this acquisition's owner, fence and fingerprint.
+fn commit_script_args(keep: Duration, parts: &CommitArgs) -> [Value; COMMIT_ARGS] {
+    [millis(keep).into(), Value::Bytes(parts.completed.clone())]
 }
 
 /// A commit's arguments, slices of one buffer (see `args.rs`): the record's key, the completed
-/// record, the pending record this owner's acquire wrote (what `SET ... IFEQ` and the script's
-/// fast path compare), the owner and the fence.
+/// record, and the pending record this owner's acquire wrote, which `SET ... IFEQ` compares
+/// (empty unless asked for: the commit script builds it from the completed record).
 struct CommitArgs {
     key: bytes::Bytes,
     completed: bytes::Bytes,
     pending: bytes::Bytes,
-    owner: bytes::Bytes,
-    fence: bytes::Bytes,
 }
 
 impl CommitArgs {
-    fn new(prefix: &str, req: &CommitRequest<'_>, stored_ms: u64) -> CommitArgs {
+    fn new(prefix: &str, req: &CommitRequest<'_>, stored_ms: u64, with_pending: bool) -> CommitArgs {
         let result = req.result.map_or(0, <[u8]>::len);
-        let mut buf = Vec::with_capacity(prefix.len() + req.key.len() + 3 * req.owner.len() + result + 120);
+        let mut buf = Vec::with_capacity(prefix.len() + req.key.len() + 2 * req.owner.len() + result + 120);
         keys::push_record_key(&mut buf, prefix, req.key);
         let key = buf.len();
         record::push_completed(&mut buf, req.fence, req.owner, req.fingerprint, stored_ms, req.result);
         let completed = buf.len();
-        record::push_pending(&mut buf, req.owner, req.fingerprint);
+        if with_pending {
+            record::push_pending(&mut buf, req.owner, req.fingerprint);
+        }
         let pending = buf.len();
-        buf.extend_from_slice(req.owner.as_bytes());
-        let owner = buf.len();
-        buf.extend_from_slice(itoa::Buffer::new().format(req.fence).as_bytes());
-        let fence = buf.len();
-        let [key, completed, pending, owner, fence] = args::split(buf, [key, completed, pending, owner, fence]);
-        CommitArgs { key, completed, pending, owner, fence }
+        let [key, completed, pending] = args::split(buf, [key, completed, pending]);
+        CommitArgs { key, completed, pending }
     }
 }
 
