@@ -646,34 +646,34 @@ fn millis(d: Duration) -> i64 {
 
 impl Store for RedisStore {
     fn acquire<'a>(&'a self, request: AcquireRequest<'a>) -> StoreFuture<'a, Result<AcquireOutcome, StoreError>> {
-        StoreFuture::new(self.acquire_inner(request))
+        StoreFuture::built(|| self.acquire_inner(request))
     }
 
     fn fence<'a>(&'a self, key: &'a str, owner: &'a str) -> StoreFuture<'a, Result<Option<u64>, StoreError>> {
-        StoreFuture::new(self.fence_inner(key, owner))
+        StoreFuture::built(|| self.fence_inner(key, owner))
     }
 
     fn renew<'a>(&'a self, leases: &'a [Lease<'a>]) -> StoreFuture<'a, Result<Vec<bool>, StoreError>> {
-        StoreFuture::new(self.renew_inner(leases))
+        StoreFuture::built(|| self.renew_inner(leases))
     }
 
     fn commit<'a>(&'a self, request: CommitRequest<'a>) -> StoreFuture<'a, Result<Transition, StoreError>> {
-        StoreFuture::new(self.commit_inner(request))
+        StoreFuture::built(|| self.commit_inner(request))
     }
 
     fn release<'a>(&'a self, key: &'a str, owner: &'a str) -> StoreFuture<'a, Result<Transition, StoreError>> {
-        StoreFuture::new(self.release_inner(key, owner))
+        StoreFuture::built(|| self.release_inner(key, owner))
     }
 
     fn watch<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Result<Watcher, StoreError>> {
-        StoreFuture::new(self.watch_inner(key))
+        StoreFuture::built(|| self.watch_inner(key))
     }
 
     fn acquire_many<'a>(
         &'a self,
         requests: &'a [AcquireRequest<'a>],
     ) -> StoreFuture<'a, Vec<Result<AcquireOutcome, StoreError>>> {
-        StoreFuture::new(self.acquire_many_inner(requests))
+        StoreFuture::built(|| self.acquire_many_inner(requests))
     }
 
     fn keeps_attempts(&self) -> bool {
@@ -681,14 +681,14 @@ impl Store for RedisStore {
     }
 
     fn fail<'a>(&'a self, request: FailRequest<'a>) -> StoreFuture<'a, Result<Transition, StoreError>> {
-        StoreFuture::new(self.fail_inner(request))
+        StoreFuture::built(|| self.fail_inner(request))
     }
 
     fn fail_many<'a>(
         &'a self,
         requests: &'a [FailRequest<'a>],
     ) -> StoreFuture<'a, Vec<Result<Transition, StoreError>>> {
-        StoreFuture::new(self.fail_many_inner(requests))
+        StoreFuture::built(|| self.fail_many_inner(requests))
     }
 
     fn resolve<'a>(
@@ -697,21 +697,21 @@ impl Store for RedisStore {
         holder: Option<&'a str>,
         resolution: Resolution<'a>,
     ) -> StoreFuture<'a, Result<Resolved, StoreError>> {
-        StoreFuture::new(self.resolve_inner(key, holder, resolution))
+        StoreFuture::built(|| self.resolve_inner(key, holder, resolution))
     }
 
     fn commit_many<'a>(
         &'a self,
         requests: &'a [CommitRequest<'a>],
     ) -> StoreFuture<'a, Vec<Result<Transition, StoreError>>> {
-        StoreFuture::new(self.commit_many_inner(requests))
+        StoreFuture::built(|| self.commit_many_inner(requests))
     }
 
     fn release_many<'a>(
         &'a self,
         releases: &'a [(&'a str, &'a str)],
     ) -> StoreFuture<'a, Vec<Result<Transition, StoreError>>> {
-        StoreFuture::new(self.release_many_inner(releases))
+        StoreFuture::built(|| self.release_many_inner(releases))
     }
 
     fn abandon(self: Arc<Self>, key: &str, owner: &str, lease: Duration) {
@@ -719,11 +719,11 @@ impl Store for RedisStore {
     }
 
     fn inspect<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Result<Inspected, StoreError>> {
-        StoreFuture::new(self.inspect_inner(key))
+        StoreFuture::built(|| self.inspect_inner(key))
     }
 
     fn forget<'a>(&'a self, key: &'a str, force: bool) -> StoreFuture<'a, Result<Forgotten, StoreError>> {
-        StoreFuture::new(self.forget_inner(key, force))
+        StoreFuture::built(|| self.forget_inner(key, force))
     }
 
     fn scan<'a>(
@@ -732,11 +732,11 @@ impl Store for RedisStore {
         cursor: Option<&'a str>,
         count: usize,
     ) -> StoreFuture<'a, Result<ScanPage, StoreError>> {
-        StoreFuture::new(self.scan_inner(prefix, cursor, count))
+        StoreFuture::built(|| self.scan_inner(prefix, cursor, count))
     }
 
     fn follow_purges(&self, handler: PurgeHandler) -> StoreFuture<'_, Result<bool, StoreError>> {
-        StoreFuture::new(self.follow_purges_inner(handler))
+        StoreFuture::built(|| self.follow_purges_inner(handler))
     }
 
     fn call_timeout(&self) -> Option<Duration> {
