@@ -8,8 +8,8 @@
 -- ARGV[1]  keep: how long the completed record lives, in milliseconds (0: delete it now)
 -- ARGV[2]  the completed record to write (built by the caller: see lib.lua). Its fence, owner
 --          and fingerprint are this acquisition's: the script reads them there rather than
---          taking them as arguments of their own (each argument costs the client about a
---          thousand instructions to send), and the record this owner's acquisition wrote is
+--          taking them as arguments of their own (each one another frame for the client to
+--          encode and send), and the record this owner's acquisition wrote is
 --          'P|0|<owner>|<fingerprint>|||' (record.rs, `pending`).
 -- Returns {'ok'}, {'lost'} (another owner holds or completed the key), or {'corrupt', reason}
 

@@ -41,8 +41,7 @@ impl<'a, T> StoreFuture<'a, T> {
     }
 
     /// The future `make` returns, built in its box ([`boxed_in_place`]) rather than built and
-    /// moved there: with the Redis store's acquire and commit built so, a first execution's
-    /// instructions went from 61,021 to 60,771 (`bash scripts/instructions.sh first`).
+    /// moved there (a copy of the whole future on every call).
     #[cfg(feature = "redis")]
     pub(crate) fn built<F: Future<Output = T> + Send + 'a>(make: impl FnOnce() -> F) -> Self {
         StoreFuture(Inner::Boxed(boxed_in_place(make)))

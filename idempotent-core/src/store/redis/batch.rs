@@ -312,7 +312,7 @@ impl RedisStore {
             let rest_keys: Vec<&str> = rest.iter().map(|&i| keys[i]).collect();
             let args = |j: usize, out: &mut Vec<Value>| {
                 let r = &requests[rest[j]];
-                out.extend(commit_script_args(r.keep, &CommitArgs::new(&self.inner.prefix, r, now, false)));
+                out.extend(commit_script_args(r.keep, completed(r).into()));
             };
             let read = |reply| replies::transition("commit", reply);
             let scripted = self.grouped("commit", &scripts::COMMIT_MANY, &rest_keys, COMMIT_ARGS, args, read).await;

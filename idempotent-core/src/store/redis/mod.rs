@@ -335,7 +335,7 @@ impl RedisStore {
             self.replicated("commit", req.key).await?;
             return Ok(Transition::Done);
         }
-        let args = || commit_script_args(req.keep, &parts).into();
+        let args = || commit_script_args(req.keep, parts.completed.clone()).into();
         let client = self.client_for(req.key);
         let reply = self.script_at("commit", &scripts::COMMIT, client, &Key::from(parts.key.clone()), args).await?;
         let outcome = replies::transition("commit", reply)?;
@@ -605,8 +605,8 @@ const COMMIT_ARGS: usize = 2;
 
 /// The commit script's arguments (`lua/commit.lua`): keep, and the completed record to write, in
 /// which the script reads this acquisition's owner, fence and fingerprint.
-fn commit_script_args(keep: Duration, parts: &CommitArgs) -> [Value; COMMIT_ARGS] {
-    [millis(keep).into(), Value::Bytes(parts.completed.clone())]
+fn commit_script_args(keep: Duration, completed: bytes::Bytes) -> [Value; COMMIT_ARGS] {
+    [millis(keep).into(), Value::Bytes(completed)]
 }
 
 /// A commit's arguments, slices of one buffer (see `args.rs`): the record's key, the completed

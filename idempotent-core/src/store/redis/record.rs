@@ -9,8 +9,9 @@ use crate::store::{AcquireOutcome, RecordState, RecordView};
 
 /// The IN_PROGRESS record every acquire writes (plain or script): `P|0|owner|fingerprint|||`. Its
 /// fencing token is not in it (`0`): the server's `TIME`, read right after this record was
-/// written, is. A commit passes it back to its script, which takes the fast path when the key
-/// still holds exactly this string (held by this owner, unwatched).
+/// written, is. A commit's `SET ... IFEQ` compares the key with exactly this string (held by this
+/// owner, unwatched), and the commit script builds the same string from the completed record
+/// for its fast path (`lua/commit.lua`).
 pub(crate) fn pending(owner: &str, fingerprint: Option<&str>) -> String {
     let mut out = Vec::with_capacity(owner.len() + fingerprint.map_or(0, str::len) + 8);
     push_pending(&mut out, owner, fingerprint);

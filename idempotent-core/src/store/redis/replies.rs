@@ -7,22 +7,19 @@ use fred::prelude::Value;
 use crate::error::StoreError;
 use crate::store::{AcquireOutcome, Forgotten, RecordState, Resolved, Transition};
 
-fn text(v: &Value) -> Option<String> {
-    match v {
-        Value::String(s) => Some(s.to_string()),
-        Value::Bytes(b) => String::from_utf8(b.to_vec()).ok(),
-        _ => None,
-    }
-}
-
-/// A reply's status word, borrowed: no copy to compare it (`text`'s copy and its allocation were
-/// a tenth of reading a commit's reply).
+/// A reply's text, borrowed: a status word is compared where it lies, without a copy and its
+/// allocation on every script reply.
 fn word(v: &Value) -> Option<&str> {
     match v {
         Value::String(s) => Some(s),
         Value::Bytes(b) => std::str::from_utf8(b).ok(),
         _ => None,
     }
+}
+
+/// A reply's text, owned (a reason, a fingerprint: kept beyond the reply).
+fn text(v: &Value) -> Option<String> {
+    word(v).map(str::to_owned)
 }
 
 fn int(v: &Value) -> Option<i64> {
