@@ -18,7 +18,7 @@ use idempotency::store::postgres::PgTransaction;
 use idempotency::store::{Inspected, RecordState};
 use idempotency::{Call, CallContext, Error, Force, Idempotency, OnConflict, PgStore, StoreErrorKind};
 use support::postgres::{shared_database, unique_schema, PgCluster};
-use support::proxy::Proxy;
+use support::proxy::{Direction, Proxy};
 use support::{eventually, ms, AppError, R};
 use tokio::time::Instant;
 
@@ -617,12 +617,21 @@ async fn killed_connections_are_clear_errors_and_listening_resumes() {
 
 /// A statement that cannot finish in time (the table locked by another session): the call fails
 /// within about the store's timeout with a `Timeout` store error, and once the lock goes the key
-/// is not held (the acquire that timed out left nothing).
+/// is not held (the acquire that timed out left nothing). The store talks through a relay that
+/// holds each command 40 ms, so the server's `statement_timeout` starts 40 ms after the client's
+/// clock. The client used to give up at the same bound, first: the statement, still waiting for
+/// the lock, then took the key when the lock went, and held it until the background release
+/// reached it (the row was there right after the rollback). Now the client waits for the server's
+/// cancel (the timeout and a grace of 100 ms here), and the acquire is known to have taken nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_statement_timeout_is_a_timeout_error_and_leaves_no_key() {
-    let (store, _schema) = shared_store(ms(500)).await;
+    let (direct, schema) = shared_store(ms(500)).await;
+    let url = tokio::task::block_in_place(shared_database);
+    let (relay, relayed) = Proxy::in_front_of(url);
+    let store = PgStore::builder(&relayed).schema(&schema).timeout(ms(500)).connect().await.expect("connect");
+    relay.set_latency(Direction::Up, ms(40));
     let idem = Idempotency::new(store.clone());
-    let mut locker = store.pool().begin().await.unwrap();
+    let mut locker = direct.pool().begin().await.unwrap();
     sqlx::query("SET LOCAL statement_timeout = 0").execute(&mut *locker).await.unwrap();
     sqlx::query(&format!("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE", store.table())).execute(&mut *locker).await.unwrap();
     let started = Instant::now();
@@ -631,6 +640,11 @@ async fn a_statement_timeout_is_a_timeout_error_and_leaves_no_key() {
     expect_store_error(&timed_out, StoreErrorKind::Timeout, &format!("after {took:?}: "));
     assert!(took < ms(1500), "the call took {took:?}, past its bound");
     locker.rollback().await.unwrap();
+    // Before the background release (40 ms away through the relay) could remove it.
+    tokio::time::sleep(ms(10)).await;
+    let rows = format!("SELECT count(*) FROM {} WHERE key LIKE '%locked'", direct.table());
+    let (held,): (i64,) = sqlx::query_as(&rows).fetch_one(direct.pool()).await.unwrap();
+    assert_eq!(held, 0, "the acquire the client gave up on took the key when the lock went");
     let got: R<u32> = idem.run(Call::new("locked").ttl(Duration::from_secs(2)), || async { Ok(2) }).await;
     assert_eq!(got.unwrap(), 2, "the timed-out acquire left the key held");
 }

@@ -487,10 +487,7 @@ async fn a_body_longer_than_its_lease_commits() {
 async fn a_savepoint_without_an_answer_fails_the_batch_within_the_store_timeout() {
     let (direct, schema) = shared_store().await;
     let url = tokio::task::block_in_place(shared_database);
-    let (server, db) = url.rsplit_once('/').expect("a database in the URL");
-    let (host, port) = server.rsplit_once(':').expect("a port in the URL");
-    let relay = Proxy::start(port.parse().expect("a port"));
-    let relayed = format!("{host}:{}/{db}", relay.port());
+    let (relay, relayed) = Proxy::in_front_of(url);
     let store = PgStore::builder(&relayed).schema(&schema).timeout(ms(200)).connect().await.expect("connect");
     let idem = Idempotency::new(store.clone());
     let ttl = Duration::from_secs(1);

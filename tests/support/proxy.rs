@@ -166,6 +166,16 @@ impl Proxy {
         Proxy { port, state, shutdown: Some(tx), thread: Some(thread) }
     }
 
+    /// A proxy to the server a `scheme://host:port/rest` URL names (on 127.0.0.1), and that
+    /// URL through it.
+    pub fn in_front_of(url: &str) -> (Proxy, String) {
+        let (server, rest) = url.rsplit_once('/').expect("a path in the URL");
+        let (host, port) = server.rsplit_once(':').expect("a port in the URL");
+        let proxy = Proxy::start(port.parse().expect("a port"));
+        let through = format!("{host}:{}/{rest}", proxy.port());
+        (proxy, through)
+    }
+
     /// Sends the connections made from now on to the server on `upstream` (those open stay
     /// where they are: [`Proxy::drop_all`] moves them).
     pub fn set_upstream(&self, upstream: u16) {

@@ -81,19 +81,25 @@ impl PgStore {
     }
 
     /// The batch acquire statement, run again (on the same connection) for the items whose rows
-    /// changed under it or that another item of the batch took first; within the store's timeout
-    /// as a whole.
+    /// changed under it or that another item of the batch took first; none sent past the store's
+    /// timeout, each answered within the timeout and its grace (see `acquire_statement`).
     async fn acquire_many_statement(&self, items: &[Item]) -> Vec<Result<AcquireOutcome, Failed>> {
         let deadline = Instant::now() + self.inner.timeout;
-        let timeout = self.inner.timeout;
+        let pool = &self.inner.pool;
         let mut out: Vec<Option<Result<AcquireOutcome, Failed>>> = (0..items.len()).map(|_| None).collect();
-        let mut conn = match self.inner.pool.connection("acquire", deadline).await {
+        let mut conn = match pool.connection("acquire", deadline).await {
             Ok(conn) => conn,
             Err(e) => return for_each(items.len(), || Err(Failed::unsent(e.copied()))),
         };
         // The items the statement has not settled yet, by index.
         let mut pending: Vec<usize> = (0..items.len()).collect();
-        for _ in 0..8 {
+        for tried in 0..8 {
+            if tried > 0 && Instant::now() >= deadline {
+                for &i in &pending {
+                    out[i] = Some(Err(Failed::unsent(StoreError::timeout("acquire", self.inner.timeout))));
+                }
+                break;
+            }
             let sent = pending.iter().map(|&i| &items[i]);
             let keys: Vec<String> = sent.clone().map(|item| stored(&item.key).into_owned()).collect();
             let owners: Vec<&str> = sent.clone().map(|item| item.owner.as_str()).collect();
@@ -108,10 +114,10 @@ impl PgStore {
                 .bind(leases)
                 .bind(keeps)
                 .bind(lapses);
-            let rows = match tokio::time::timeout_at(deadline, query.fetch_all(&mut *conn)).await {
+            let rows = match tokio::time::timeout_at(pool.answer_by(), query.fetch_all(&mut *conn)).await {
                 Err(_) => {
                     for &i in &pending {
-                        let error = StoreError::timeout("acquire", timeout);
+                        let error = pool.unanswered("acquire");
                         out[i] = Some(Err(Failed { error, maybe_landed: true }));
                     }
                     break;

@@ -133,8 +133,9 @@ impl PgStoreBuilder {
     }
 
     /// The bound on every store call (default 2 s): each statement runs under this
-    /// `statement_timeout`, and the client gives up after it too; past it the call fails with a
-    /// store error of kind `Timeout`.
+    /// `statement_timeout`, and the client gives up a grace after it (a tenth of it, at least
+    /// 100 ms, at most a second: so that the server's cancel, which says the statement took
+    /// nothing, comes first); past it the call fails with a store error of kind `Timeout`.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self

@@ -153,19 +153,19 @@ impl PgStore {
         self.inner.listen_pool.close().await;
     }
 
-    /// Runs `query` on a connection of `pool` and returns its rows, the whole within the store's
-    /// timeout; `op` names it in errors.
+    /// Runs `query` on a connection of `pool` and returns its rows: a connection within the
+    /// store's timeout, and the answer within the timeout and its grace (the server's own
+    /// `statement_timeout` answers first); `op` names it in errors.
     async fn rows(
         &self,
         op: &str,
         pool: &Pool,
         query: Query<'_, Postgres, PgArguments>,
     ) -> Result<Vec<PgRow>, StoreError> {
-        let deadline = Instant::now() + self.inner.timeout;
-        let mut conn = pool.connection(op, deadline).await?;
-        match tokio::time::timeout_at(deadline, query.fetch_all(&mut *conn)).await {
+        let mut conn = pool.connection(op, Instant::now() + self.inner.timeout).await?;
+        match tokio::time::timeout_at(pool.answer_by(), query.fetch_all(&mut *conn)).await {
             Ok(rows) => rows.map_err(|e| pg_error(op, e)),
-            Err(_) => Err(StoreError::timeout(op, self.inner.timeout)),
+            Err(_) => Err(pool.unanswered(op)),
         }
     }
 
@@ -192,7 +192,8 @@ impl PgStore {
     }
 
     /// The acquire statement, run again (on the same connection) while the key changes under
-    /// it; within the store's timeout as a whole.
+    /// it, none sent past the store's timeout; each answered within the timeout and its grace
+    /// (`Pool::answer_by`), so that one the server cancels is known to have taken nothing.
     async fn acquire_statement(
         &self,
         key: &str,
@@ -202,9 +203,12 @@ impl PgStore {
     ) -> Result<AcquireOutcome, Failed> {
         let Taking { lease, will_wait, lapse, keep } = taking;
         let deadline = Instant::now() + self.inner.timeout;
-        let timeout = self.inner.timeout;
-        let mut conn = self.inner.pool.connection("acquire", deadline).await.map_err(Failed::unsent)?;
-        for _ in 0..8 {
+        let pool = &self.inner.pool;
+        let mut conn = pool.connection("acquire", deadline).await.map_err(Failed::unsent)?;
+        for tried in 0..8 {
+            if tried > 0 && Instant::now() >= deadline {
+                return Err(Failed::unsent(StoreError::timeout("acquire", self.inner.timeout)));
+            }
             let sql = &self.inner.sql;
             let query = sqlx::query(if will_wait { &sql.acquire_waiting } else { &sql.acquire })
                 .bind(stored(key))
@@ -214,8 +218,8 @@ impl PgStore {
                 .bind(will_wait)
                 .bind(lapse.code())
                 .bind(millis(keep));
-            let rows = match tokio::time::timeout_at(deadline, query.fetch_all(&mut *conn)).await {
-                Err(_) => return Err(Failed { error: StoreError::timeout("acquire", timeout), maybe_landed: true }),
+            let rows = match tokio::time::timeout_at(pool.answer_by(), query.fetch_all(&mut *conn)).await {
+                Err(_) => return Err(Failed { error: pool.unanswered("acquire"), maybe_landed: true }),
                 Ok(Err(e)) => {
                     let maybe_landed = !matches!(e, sqlx::Error::Database(_));
                     return Err(Failed { error: pg_error("acquire", e), maybe_landed });

@@ -29,6 +29,16 @@ pub(crate) struct Pool {
     refilling: Arc<AtomicBool>,
 }
 
+/// How much longer than the store's timeout the client waits for a statement's answer. The
+/// server's `statement_timeout` starts when the statement arrives, later than the client's clock
+/// did, and its cancel has to come back: a client that gave up at the same bound would give up
+/// first, on a statement that may still land (an acquire that then holds its key past the error
+/// its caller got). Waiting this much longer, the server's answer comes first unless the server
+/// or the network is that slow: a tenth of the timeout, at least 100 ms, at most a second.
+pub(crate) fn answer_grace(timeout: Duration) -> Duration {
+    (timeout / 10).clamp(Duration::from_millis(100), Duration::from_secs(1))
+}
+
 /// The options of each of the store's pools: at most `connections`, opened lazily, each acquire
 /// (opening a connection included) bounded by `connect_timeout`. A call waits less (its own
 /// deadline: [`Pool::connection`]); what it leaves unopened, the refill opens.
@@ -46,6 +56,17 @@ impl Pool {
     /// The sqlx pool.
     pub(crate) fn sqlx(&self) -> &PgPool {
         &self.pool
+    }
+
+    /// When a statement sent now must have been answered: the store's timeout and its grace
+    /// ([`answer_grace`]), so that the server's own cancel comes first.
+    pub(crate) fn answer_by(&self) -> Instant {
+        Instant::now() + self.timeout + answer_grace(self.timeout)
+    }
+
+    /// The error of a statement that got no answer by [`Pool::answer_by`].
+    pub(crate) fn unanswered(&self, op: &str) -> StoreError {
+        StoreError::timeout(op, self.timeout + answer_grace(self.timeout))
     }
 
     /// A connection by `deadline` (at most the store's timeout from now). Unavailable if there
