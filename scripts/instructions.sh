@@ -13,7 +13,7 @@ low="${LOW:-200}"
 high="${HIGH:-1200}"
 rounds_n="${ROUNDS:-3}"
 paths=("$@")
-[ ${#paths[@]} -eq 0 ] && paths=(get evalsha naive-first naive-replay hand-replay first replay conflict first-fenced memory-first)
+[ ${#paths[@]} -eq 0 ] && paths=(get evalsha naive-first naive-replay hand-replay first replay conflict first-fenced first-telemetry memory-first)
 command -v valgrind >/dev/null || { echo "instructions: valgrind is not installed" >&2; exit 1; }
 
 cargo build --release -q -p idempotent-bench
@@ -35,20 +35,28 @@ url="redis://127.0.0.1:$port"
 # one, and its count per call came out 2,500 too low.
 "$bench" --instructions get --ops 1 --redis "$url" >/dev/null
 
-# Instructions of one run of `path` with `n` calls (callgrind's "Collected" total).
+# Instructions of one run of `path` with `n` calls (callgrind's "Collected" total), less the
+# metrics recorder's clock calibration (`quanta::Clock::new`, run once when `first-telemetry`
+# installs the recorder): it runs for a time, not a count, so its instructions differed by
+# millions from one run to the next, thousands per call once divided.
 count() {
   local path="$1" n="$2"
-  valgrind --tool=callgrind --callgrind-out-file="$work/out.$path.$n" "$bench" --instructions "$path" --ops "$n" \
+  local out="$work/out.$path.$n"
+  valgrind --tool=callgrind --callgrind-out-file="$out" "$bench" --instructions "$path" --ops "$n" \
     --redis "$url" 2>"$work/err.$path.$n" >/dev/null \
     || { cat "$work/err.$path.$n" >&2; exit 1; }
-  grep -o 'Collected : [0-9]*' "$work/err.$path.$n" | awk '{print $3}'
+  local total calibration
+  total="$(grep -o 'Collected : [0-9]*' "$work/err.$path.$n" | awk '{print $3}')"
+  calibration="$(callgrind_annotate --inclusive=yes --threshold=100 "$out" \
+    | awk '/quanta::Clock::new / { gsub(",", "", $1); print $1; exit }')"
+  echo $(( total - ${calibration:-0} ))
 }
 
 # One call's instructions: the median over ROUNDS rounds of the differenced count, with the spread
 # of the rounds printed beside it, so that a count that shifts between runs (as the first path's
 # did before the uncounted run above) shows instead of passing for a measurement.
 declare -A per
-printf '%-14s %14s %18s\n' path instructions/call "rounds (min-max)"
+printf '%-16s %14s %18s\n' path instructions/call "rounds (min-max)"
 for path in "${paths[@]}"; do
   rounds=()
   for _ in $(seq "$rounds_n"); do
@@ -58,7 +66,7 @@ for path in "${paths[@]}"; do
   done
   sorted=($(printf '%s\n' "${rounds[@]}" | sort -n))
   per[$path]=${sorted[$(( ${#sorted[@]} / 2 ))]}
-  printf '%-14s %14d %18s\n' "$path" "${per[$path]}" "${sorted[0]}-${sorted[-1]}"
+  printf '%-16s %14d %18s\n' "$path" "${per[$path]}" "${sorted[0]}-${sorted[-1]}"
 done
 
 ratio() {
@@ -75,3 +83,4 @@ ratio hand-replay get "hand replay / one bare command (GET)"
 ratio conflict evalsha "conflict / one script call (EVALSHA floor)"
 ratio conflict get "conflict / one bare command (GET)"
 ratio first-fenced first "first, body reads its fence / first"
+ratio first-telemetry first "first, subscriber and recorder on / first"

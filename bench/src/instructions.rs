@@ -6,6 +6,8 @@
 //! the difference of `N`: what connecting and preparing cost cancels out.
 //!
 //! Paths: ours (`first`, `replay`, `conflict`, `first-fenced`: a body that reads its fence;
+//! `first-telemetry`: `first` with the benchmark's subscriber and recorder on, as a service would
+//! install them;
 //! `memory-first`: a first execution on `MemoryStore`, the runtime's cost without a client's), the
 //! naive baseline (`naive-first`: `SET NX` then `SET`; `naive-replay`: `SET NX` then `GET`) and
 //! the floors (`get`: one bare command; `evalsha`: one script call of `return 1`; `hand-replay`:
@@ -31,6 +33,7 @@ pub const PATHS: &[&str] = &[
     "replay",
     "conflict",
     "first-fenced",
+    "first-telemetry",
     "batch",
     "naive-batch",
     "memory-first",
@@ -75,6 +78,12 @@ pub fn run(path: &str, n: u64, url: &str) {
         {
             panic!("could not hold ins:held");
         }
+        if path == "first-telemetry" {
+            // Installed for good: the process runs this one path.
+            let telemetry = crate::telemetry::Telemetry::install();
+            telemetry.set(true);
+            std::mem::forget(telemetry);
+        }
         // A fresh namespace for first executions at every run: the server is not flushed.
         let run_id = std::process::id();
         for i in 0..n {
@@ -115,7 +124,7 @@ pub fn run(path: &str, n: u64, url: &str) {
                         .unwrap();
                     got.is_some_and(|json| serde_json::from_str::<Receipt>(&json).is_ok())
                 }
-                "first" => {
+                "first" | "first-telemetry" => {
                     let key = format!("ins:first:{run_id}:{i}");
                     let r: R<Receipt> = idem.run(Call::new(key), || async move { Ok(receipt(i)) }).await;
                     r.is_ok()
