@@ -191,17 +191,17 @@ impl Idempotency {
         let mut track = Track::default();
         let (span, result) = match self.prepare(&mut call) {
             Ok(Prepared::Cached { key, hit }) => {
-                let span = call_span!(tracing::Level::DEBUG, call);
+                let span = call_span!(tracing::Level::DEBUG, call, &key);
+                track.key_shown = true;
                 let _entered = span.enter();
-                shown_key(&span, &key, &mut track);
                 track.replayed();
                 let replayed = replay(&key, call.on_duplicate, Some(&hit.result)).map_err(Fail::Lib);
                 drop(_entered);
                 (span, replayed)
             }
             Ok(Prepared::Store(go)) => {
-                let span = call_span!(tracing::Level::INFO, call);
-                shown_key(&span, &go.key, &mut track);
+                let span = call_span!(tracing::Level::INFO, call, &go.key);
+                track.key_shown = true;
                 let guarded = self.guarded(&call, go, body, commit, describe, &mut track);
                 // A span nothing records is not entered at every poll: with tracing's `log`
                 // feature on (sqlx turns it on), each entry, exit and drop of even a disabled
@@ -227,12 +227,7 @@ impl Idempotency {
             Err(Fail::Body(_)) => CallOutcome::BodyError,
         };
         if !span.is_disabled() {
-            span.record("outcome", outcome.as_str());
-            if let Some(fence) = track.fence {
-                span.record("fence", fence);
-            }
-            span.record("attempts", track.attempts);
-            span.record("waited_ms", track.waited.as_millis() as u64);
+            ended(&span, outcome, &track);
         }
         telemetry::record::call(outcome, telemetry::scope_label(call.scope_str()));
         if !track.waited.is_zero() {
@@ -538,14 +533,21 @@ impl<T, E, F: Future<Output = Result<(T, Outcome), E>>> Future for ValueOnly<F> 
     }
 }
 
-/// A call's span: `idempotent.call` at `$level`, with the fields a call fills in as it goes.
+/// A call's span: `idempotent.call` at `$level`, with the fields a call fills in as it goes;
+/// its key (as [`telemetry::logged_key`] shows it) from the start when it is known then.
 macro_rules! call_span {
     ($level:expr, $call:expr) => {
+        call_span!($level, $call, key = tracing::field::Empty)
+    };
+    ($level:expr, $call:expr, &$key:expr) => {
+        call_span!($level, $call, key = tracing::field::display(telemetry::logged_key(&$key)))
+    };
+    ($level:expr, $call:expr, key = $shown:expr) => {
         tracing::span!(
             $level,
             "idempotent.call",
             scope = $call.scope_str().unwrap_or(""),
-            key = tracing::field::Empty,
+            key = $shown,
             mode = if $call.mode == Mode::Token { "token" } else { "param" },
             outcome = tracing::field::Empty,
             fence = tracing::field::Empty,
@@ -555,6 +557,22 @@ macro_rules! call_span {
     };
 }
 use call_span;
+
+/// Records how the call ended in its span, in one record: a subscriber finds the span once,
+/// not once a field.
+fn ended(span: &tracing::Span, outcome: CallOutcome, track: &Track) {
+    let Some(meta) = span.metadata() else { return };
+    let fields = meta.fields();
+    let field = |name: &str| fields.field(name).expect("a field of the call's span");
+    let (outcome, waited_ms) = (outcome.as_str(), track.waited.as_millis() as u64);
+    let values: [(&tracing::field::Field, Option<&dyn tracing::Value>); 4] = [
+        (&field("outcome"), Some(&outcome)),
+        (&field("fence"), track.fence.as_ref().map(|f| f as &dyn tracing::Value)),
+        (&field("attempts"), Some(&track.attempts)),
+        (&field("waited_ms"), Some(&waited_ms)),
+    ];
+    span.record_all(&fields.value_set(&values));
+}
 
 /// Shows `key` (as [`telemetry::logged_key`] does) in the call's span, if it records anything.
 pub(super) fn shown_key(span: &tracing::Span, key: &str, track: &mut Track) {
