@@ -563,13 +563,19 @@ use call_span;
 fn ended(span: &tracing::Span, outcome: CallOutcome, track: &Track) {
     let Some(meta) = span.metadata() else { return };
     let fields = meta.fields();
-    let field = |name: &str| fields.field(name).expect("a field of the call's span");
+    let found = |name: &str| fields.field(name);
+    // `call_span!` declares all four: none is missing.
+    let (Some(o), Some(f), Some(a), Some(w)) =
+        (found("outcome"), found("fence"), found("attempts"), found("waited_ms"))
+    else {
+        return;
+    };
     let (outcome, waited_ms) = (outcome.as_str(), track.waited.as_millis() as u64);
     let values: [(&tracing::field::Field, Option<&dyn tracing::Value>); 4] = [
-        (&field("outcome"), Some(&outcome)),
-        (&field("fence"), track.fence.as_ref().map(|f| f as &dyn tracing::Value)),
-        (&field("attempts"), Some(&track.attempts)),
-        (&field("waited_ms"), Some(&waited_ms)),
+        (&o, Some(&outcome)),
+        (&f, track.fence.as_ref().map(|f| f as &dyn tracing::Value)),
+        (&a, Some(&track.attempts)),
+        (&w, Some(&waited_ms)),
     ];
     span.record_all(&fields.value_set(&values));
 }
