@@ -133,9 +133,11 @@ impl PgStoreBuilder {
     }
 
     /// The bound on every store call (default 2 s): each statement runs under this
-    /// `statement_timeout`, and the client gives up a grace after it (a tenth of it, at least
-    /// 100 ms, at most a second: so that the server's cancel, which says the statement took
-    /// nothing, comes first); past it the call fails with a store error of kind `Timeout`.
+    /// `statement_timeout`, and the client waits for its answer a grace longer, counted from when
+    /// it is sent (a tenth of the timeout, at least 100 ms, at most a second: so that the
+    /// server's cancel, which says the statement took nothing, comes first); past that the call
+    /// fails with a store error of kind `Timeout`. Before sending, a call waits at most this
+    /// long for a pooled connection (past it: `Unavailable`, nothing sent).
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
