@@ -79,10 +79,8 @@ pub fn run(path: &str, n: u64, url: &str) {
             panic!("could not hold ins:held");
         }
         if path == "first-telemetry" {
-            // Installed for good: the process runs this one path.
-            let telemetry = crate::telemetry::Telemetry::install();
-            telemetry.set(true);
-            std::mem::forget(telemetry);
+            // Installed for the process, which runs this one path.
+            crate::telemetry::Telemetry::install().set(true);
         }
         // A fresh namespace for first executions at every run: the server is not flushed.
         let run_id = std::process::id();

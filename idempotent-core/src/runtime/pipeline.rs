@@ -192,7 +192,6 @@ impl Idempotency {
         let (span, result) = match self.prepare(&mut call) {
             Ok(Prepared::Cached { key, hit }) => {
                 let span = call_span!(tracing::Level::DEBUG, call, &key);
-                track.key_shown = true;
                 let _entered = span.enter();
                 track.replayed();
                 let replayed = replay(&key, call.on_duplicate, Some(&hit.result)).map_err(Fail::Lib);
@@ -201,7 +200,6 @@ impl Idempotency {
             }
             Ok(Prepared::Store(go)) => {
                 let span = call_span!(tracing::Level::INFO, call, &go.key);
-                track.key_shown = true;
                 let guarded = self.guarded(&call, go, body, commit, describe, &mut track);
                 // A span nothing records is not entered at every poll: with tracing's `log`
                 // feature on (sqlx turns it on), each entry, exit and drop of even a disabled
@@ -213,17 +211,15 @@ impl Idempotency {
                 };
                 (span, result)
             }
-            Err(e) => (call_span!(tracing::Level::INFO, call), Err(Fail::Lib(e))),
+            Err(e) => {
+                // Refused before its record key was known: the key as the error names it, if any.
+                let named = (!e.key().is_empty()).then(|| tracing::field::display(telemetry::logged_key(e.key())));
+                (call_span!(tracing::Level::INFO, call, key = named), Err(Fail::Lib(e)))
+            }
         };
         let outcome = match &result {
             Ok(_) => track.outcome,
-            Err(Fail::Lib(e)) => {
-                // Refused before its record key was known: the key as the error names it.
-                if !track.key_shown && !e.key().is_empty() {
-                    shown_key(&span, e.key(), &mut track);
-                }
-                CallOutcome::of_error(e)
-            }
+            Err(Fail::Lib(e)) => CallOutcome::of_error(e),
             Err(Fail::Body(_)) => CallOutcome::BodyError,
         };
         if !span.is_disabled() {
@@ -578,14 +574,6 @@ fn ended(span: &tracing::Span, outcome: CallOutcome, track: &Track) {
         (&w, Some(&waited_ms)),
     ];
     span.record_all(&fields.value_set(&values));
-}
-
-/// Shows `key` (as [`telemetry::logged_key`] does) in the call's span, if it records anything.
-pub(super) fn shown_key(span: &tracing::Span, key: &str, track: &mut Track) {
-    if !span.is_disabled() {
-        span.record("key", tracing::field::display(telemetry::logged_key(key)));
-        track.key_shown = true;
-    }
 }
 
 /// A call ready for the store, or answered by the replay cache ([`Idempotency::prepare`]).

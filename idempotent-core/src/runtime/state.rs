@@ -13,8 +13,6 @@ use crate::telemetry::CallOutcome;
 /// What became of a call, gathered as it runs.
 #[derive(Debug)]
 pub(crate) struct Track {
-    /// The span shows the record key.
-    pub(super) key_shown: bool,
     pub(super) outcome: CallOutcome,
     pub(super) replayed: bool,
     pub(super) fence: Option<u64>,
@@ -27,7 +25,6 @@ pub(crate) struct Track {
 impl Default for Track {
     fn default() -> Self {
         Track {
-            key_shown: false,
             outcome: CallOutcome::Executed,
             replayed: false,
             fence: None,

@@ -114,11 +114,10 @@ impl PgStore {
                 .bind(leases)
                 .bind(keeps)
                 .bind(lapses);
-            let rows = match tokio::time::timeout_at(pool.answer_by(), query.fetch_all(&mut *conn)).await {
-                Err(_) => {
+            let rows = match pool.answer("acquire", query.fetch_all(&mut *conn)).await {
+                Err(error) => {
                     for &i in &pending {
-                        let error = pool.unanswered("acquire");
-                        out[i] = Some(Err(Failed { error, maybe_landed: true }));
+                        out[i] = Some(Err(Failed { error: error.copied(), maybe_landed: true }));
                     }
                     break;
                 }

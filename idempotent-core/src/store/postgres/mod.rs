@@ -163,10 +163,7 @@ impl PgStore {
         query: Query<'_, Postgres, PgArguments>,
     ) -> Result<Vec<PgRow>, StoreError> {
         let mut conn = pool.connection(op, Instant::now() + self.inner.timeout).await?;
-        match tokio::time::timeout_at(pool.answer_by(), query.fetch_all(&mut *conn)).await {
-            Ok(rows) => rows.map_err(|e| pg_error(op, e)),
-            Err(_) => Err(pool.unanswered(op)),
-        }
+        pool.answer(op, query.fetch_all(&mut *conn)).await?.map_err(|e| pg_error(op, e))
     }
 
     /// The one row `query` answers (see `rows`).
@@ -193,7 +190,7 @@ impl PgStore {
 
     /// The acquire statement, run again (on the same connection) while the key changes under
     /// it, none sent past the store's timeout; each answered within the timeout and its grace
-    /// (`Pool::answer_by`), so that one the server cancels is known to have taken nothing.
+    /// (`Pool::answer`), so that one the server cancels is known to have taken nothing.
     async fn acquire_statement(
         &self,
         key: &str,
@@ -218,8 +215,8 @@ impl PgStore {
                 .bind(will_wait)
                 .bind(lapse.code())
                 .bind(millis(keep));
-            let rows = match tokio::time::timeout_at(pool.answer_by(), query.fetch_all(&mut *conn)).await {
-                Err(_) => return Err(Failed { error: pool.unanswered("acquire"), maybe_landed: true }),
+            let rows = match pool.answer("acquire", query.fetch_all(&mut *conn)).await {
+                Err(error) => return Err(Failed { error, maybe_landed: true }),
                 Ok(Err(e)) => {
                     let maybe_landed = !matches!(e, sqlx::Error::Database(_));
                     return Err(Failed { error: pg_error("acquire", e), maybe_landed });

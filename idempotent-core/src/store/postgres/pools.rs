@@ -58,15 +58,15 @@ impl Pool {
         &self.pool
     }
 
-    /// When a statement sent now must have been answered: the store's timeout and its grace
-    /// ([`answer_grace`]), so that the server's own cancel comes first.
-    pub(crate) fn answer_by(&self) -> Instant {
-        Instant::now() + self.timeout + answer_grace(self.timeout)
-    }
-
-    /// The error of a statement that got no answer by [`Pool::answer_by`].
-    pub(crate) fn unanswered(&self, op: &str) -> StoreError {
-        StoreError::timeout(op, self.timeout + answer_grace(self.timeout))
+    /// Awaits the answer of `statement`, sent now: within the store's timeout and its grace
+    /// ([`answer_grace`]), so that the server's own cancel comes first; `Timeout` past that.
+    pub(crate) async fn answer<T>(
+        &self,
+        op: &str,
+        statement: impl std::future::Future<Output = Result<T, sqlx::Error>>,
+    ) -> Result<Result<T, sqlx::Error>, StoreError> {
+        let wait = self.timeout + answer_grace(self.timeout);
+        tokio::time::timeout(wait, statement).await.map_err(|_| StoreError::timeout(op, wait))
     }
 
     /// A connection by `deadline` (at most the store's timeout from now). Unavailable if there
