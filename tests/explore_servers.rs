@@ -12,7 +12,11 @@
 //! - commands refused → a partition: the relay swallows everything, then drops the connections;
 //! - a split acquire → the server is stopped (`SIGSTOP`, `SIGCONT` up to 700 ms later; on the
 //!   Cluster the primary of the schedule's first key; on PostgreSQL, whose backends are processes
-//!   of their own, every process is partitioned instead);
+//!   of their own, every process is partitioned instead, or, one time in two, the schedule's table
+//!   is locked by a session of the harness for as long: statements wait on the server, whose
+//!   `statement_timeout` cancels those that wait past it, and the client's grace
+//!   (`store/postgres/pools.rs`) decides whether that cancel or the client's own bound answers
+//!   the call);
 //! - a record lost → Redis and Valkey are killed (`SIGKILL`) and started again empty, without
 //!   their scripts (every record is lost, as the history says); the Cluster loses the record
 //!   (`DEL` on its node) or, one time in three, fails over (the key's primary killed, its
@@ -192,7 +196,7 @@ impl Server {
                 };
                 let store = RedisStore::builder(&url).prefix(format!("ex{n}")).timeout(timeout).connect().await;
                 let store = store.map_err(|e| format!("connect to {url}: {e}"))?;
-                Ok(Connected { store: Arc::new(store.clone()), redis: Some(store), in_transaction: None })
+                Ok(Connected { store: Arc::new(store.clone()), redis: Some(store), pg: None, in_transaction: None })
             }
             Kind::Postgres(_) => {
                 let p = port.unwrap_or_else(|| self.port().unwrap().to_string());
@@ -203,7 +207,8 @@ impl Server {
                 }
                 let store = builder.connect().await.map_err(|e| format!("connect to {url}: {e}"))?;
                 let in_transaction: Arc<dyn InTransaction> = Arc::new(PgInTransaction(store.clone()));
-                Ok(Connected { store: Arc::new(store), redis: None, in_transaction: Some(in_transaction) })
+                let pg = Some(store.clone());
+                Ok(Connected { store: Arc::new(store), redis: None, pg, in_transaction: Some(in_transaction) })
             }
         }
     }
@@ -214,6 +219,7 @@ impl Server {
 struct Connected {
     store: Arc<dyn Store>,
     redis: Option<RedisStore>,
+    pg: Option<PgStore>,
     in_transaction: Option<Arc<dyn InTransaction>>,
 }
 
@@ -447,7 +453,7 @@ async fn play(
         in_transaction.push(connected.in_transaction);
     }
     let admin = server.connect(n, None, Duration::from_secs(2), false).await;
-    let (admin_store, admin_redis) = (admin.store, admin.redis);
+    let (admin_store, admin_redis, admin_pg) = (admin.store, admin.redis, admin.pg);
     drop(quiet);
     let lives: Vec<Arc<Mutex<Life>>> = (0..procs)
         .map(|p| {
@@ -470,10 +476,11 @@ async fn play(
 
     let record_key = |key: &str| admin_redis.as_ref().map(|r| r.record_key(key)).unwrap_or_default();
     for f in &schedule.faults {
-        let (relays, server, f) = (relays.clone(), server.clone(), *f);
+        let (relays, server, f, admin_pg) = (relays.clone(), server.clone(), *f, admin_pg.clone());
         let first_record = record_key(&full_key(0, false));
         let (from, until) = (start + ms(f.from_ms), start + ms(f.from_ms + f.len_ms));
         count(match (f.kind, &server.kind) {
+            (FaultKind::Split(d), Kind::Postgres(_)) if stalls(d) => "table locked",
             (FaultKind::Split(_), Kind::Postgres(_)) => "partition of every process",
             (FaultKind::Split(_), _) => "server stopped",
             (_, Kind::Cluster(_)) => continue,
@@ -504,6 +511,10 @@ async fn play(
                     let stop = ms(d.min(LONGEST_STOP_MS));
                     let _upset = server.upset().await;
                     match &server.kind {
+                        Kind::Postgres(_) if stalls(d) => {
+                            let pg = admin_pg.as_ref().expect("the harness's store on PostgreSQL");
+                            lock_table(pg, stop).await;
+                        }
                         Kind::Postgres(_) => {
                             relays.iter().flatten().for_each(Proxy::black_hole);
                             tokio::time::sleep(stop).await;
@@ -718,6 +729,28 @@ async fn play(
     }
     lock(&server.running).remove(&n);
     (history, faults)
+}
+
+/// Whether a split acquire on PostgreSQL locks the table (one time in two) rather than
+/// partitioning every process.
+fn stalls(split_ms: u64) -> bool {
+    (split_ms / 10) % 2 == 0
+}
+
+/// Locks `store`'s table for `stop` from a session of the harness (`ACCESS EXCLUSIVE`, without a
+/// statement timeout of its own), then rolls back: every statement on the table waits on the
+/// server meanwhile. A lock not taken (the server restarting, say) is no fault: skipped.
+async fn lock_table(store: &PgStore, stop: Duration) {
+    use idempotency::store::postgres::sqlx;
+    let Ok(mut tx) = store.pool().begin().await else { return };
+    let taken = async {
+        sqlx::query("SET LOCAL statement_timeout = 0").execute(&mut *tx).await?;
+        sqlx::query(&format!("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE", store.table())).execute(&mut *tx).await
+    };
+    if taken.await.is_ok() {
+        tokio::time::sleep(stop).await;
+    }
+    let _ = tx.rollback().await;
 }
 
 /// Every key the schedule's calls use, as the history names them.
