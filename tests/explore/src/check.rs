@@ -599,8 +599,10 @@ pub fn check(events: &[(Micros, Event)]) -> Report {
         // (`run::probe_every_key`); only the last try of a key by a process counts.
         let retried = || r.calls.iter().any(|p| p.probe && p.key == c.key && p.proc == c.proc && p.id > c.id);
         // An earlier probe of the key returned before its commit was confirmed (`stored: false`:
-        // the commit goes on in the background past its deadline) and its record completed only
-        // after this probe was invoked: the key was held by that commit in flight, not stuck.
+        // the commit goes on in the background past its deadline), and either its record
+        // completed only after this probe was invoked, or this probe came within that probe's
+        // lease (its acquire may have landed as late as its body's start), before the history
+        // ends and shows the commit: the key was held by that commit in flight, not stuck.
         let behind_a_commit = || {
             r.calls.iter().any(|p| {
                 let unconfirmed =
@@ -609,8 +611,12 @@ pub fn check(events: &[(Micros, Event)]) -> Report {
                     && p.key == c.key
                     && unconfirmed
                     && p.body.as_ref().is_some_and(|b| {
-                        commits(&r.ops, &b.owner)
-                            .any(|o| matches!(&o.answer, Some((at, OpResult::Done)) if *at > c.invoke))
+                        let done = |o: &Op, after: bool| {
+                            matches!(&o.answer, Some((at, OpResult::Done)) if (*at > c.invoke) == after)
+                        };
+                        let within_lease = c.invoke < b.start.saturating_add(span(p.ttl));
+                        commits(&r.ops, &b.owner).any(|o| done(o, true))
+                            || (within_lease && !commits(&r.ops, &b.owner).any(|o| done(o, false)))
                     })
             })
         };
@@ -1259,8 +1265,11 @@ mod tests {
     }
 
     /// Probe 0 returns with its commit unconfirmed (it goes on in the background); probe 1 finds
-    /// the key in progress, then probe 0's commit lands: not a stuck key. Had the commit landed
-    /// before probe 1 asked, or never, the conflict is I5.
+    /// the key in progress, then probe 0's commit lands: not a stuck key. Nor is it when the
+    /// history ends before the commit is confirmed and probe 1 came within probe 0's lease (the
+    /// commit still in flight: a PostgreSQL run whose every commit of the probe waited out the
+    /// pool while connections were slow to open). Had the commit landed before probe 1 asked, or
+    /// never while probe 1 came after the lease, the conflict is I5.
     #[test]
     fn i5_a_probe_behind_an_earlier_probes_commit_in_flight_is_not_a_stuck_key() {
         let probes = |commit_lands: Micros| {
@@ -1282,6 +1291,27 @@ mod tests {
         };
         assert_eq!(probes(6 * MS).check(), Vec::<&str>::new());
         assert_eq!(probes(3 * MS).check(), vec!["I5"]);
+        // The commit unconfirmed to the end: probe 1 within the lease (100 ms from the body's
+        // start at 1 ms, its acquire's answer), or after it.
+        let unconfirmed = |probe_at: Micros| {
+            let mut h = H::default()
+                .invoke(0, 0, 1000)
+                .op(0, MS, 0, OpKind::Acquire, OpResult::Acquired { fence: 1 })
+                .body(MS, 2 * MS, 0, 1)
+                .op(2 * MS, 3 * MS, 0, OpKind::Commit, OpResult::Error)
+                .ret(3 * MS, 0, Returned::Ok { value: "v0".into(), replayed: false, cached: false, stored: false })
+                .invoke(probe_at, 1, 1000)
+                .op(probe_at, probe_at + MS, 1, OpKind::Acquire, OpResult::InProgress)
+                .ret(probe_at + MS, 1, Returned::Err("Conflict".into()));
+            for (_, e) in &mut h.0 {
+                if let Event::Invoke { probe, .. } = e {
+                    *probe = true;
+                }
+            }
+            h
+        };
+        assert_eq!(unconfirmed(50 * MS).check(), Vec::<&str>::new());
+        assert_eq!(unconfirmed(150 * MS).check(), vec!["I5"]);
     }
 
     #[test]
