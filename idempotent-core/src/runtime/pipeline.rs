@@ -530,11 +530,9 @@ impl<T, E, F: Future<Output = Result<(T, Outcome), E>>> Future for ValueOnly<F> 
 }
 
 /// A call's span: `idempotent.call` at `$level`, with the fields a call fills in as it goes;
-/// its key (as [`telemetry::logged_key`] shows it) from the start when it is known then.
+/// its key as [`telemetry::logged_key`] shows it (`&key`), or as given (`key = value`: an
+/// `Option`, empty when a refused call's error names no key).
 macro_rules! call_span {
-    ($level:expr, $call:expr) => {
-        call_span!($level, $call, key = tracing::field::Empty)
-    };
     ($level:expr, $call:expr, &$key:expr) => {
         call_span!($level, $call, key = tracing::field::display(telemetry::logged_key(&$key)))
     };

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 
 use super::errors::pg_error;
 use crate::error::{StoreError, StoreErrorKind};
-use crate::store::Within;
+use crate::store::{within, Within};
 
 /// A pool of connections, how long a call waits for one of them, and whether a refill is under
 /// way.
@@ -59,14 +59,14 @@ impl Pool {
     }
 
     /// Awaits the answer of `statement`, sent now: within the store's timeout and its grace
-    /// ([`answer_grace`]), so that the server's own cancel comes first; `Timeout` past that.
+    /// ([`answer_grace`]), so that the server's own cancel comes first; `Timeout` past that. The
+    /// statement's own error is left to the caller (whether it may have landed depends on it).
     pub(crate) async fn answer<T>(
         &self,
         op: &str,
         statement: impl std::future::Future<Output = Result<T, sqlx::Error>>,
     ) -> Result<Result<T, sqlx::Error>, StoreError> {
-        let wait = self.timeout + answer_grace(self.timeout);
-        tokio::time::timeout(wait, statement).await.map_err(|_| StoreError::timeout(op, wait))
+        within(op, self.timeout + answer_grace(self.timeout), async { Ok(statement.await) }).await
     }
 
     /// A connection by `deadline` (at most the store's timeout from now). Unavailable if there
